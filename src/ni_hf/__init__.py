@@ -1,0 +1,52 @@
+"""Neural Interpreters (Rahaman, Gondal et al., NeurIPS 2021) as a Hugging Face transformers model.
+
+Importing the package registers the config, models and image processor with the Auto classes.
+"""
+
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModel,
+    AutoModelForImageClassification,
+)
+
+from .configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterConfig, vit_baseline_config
+from .image_processing_neural_interpreter import NeuralInterpreterImageProcessor
+from .modeling_neural_interpreter import (
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterForSetRegression,
+    NeuralInterpreterImageClassifierOutput,
+    NeuralInterpreterModel,
+    NeuralInterpreterModelOutput,
+    NeuralInterpreterPreTrainedModel,
+    NeuralInterpreterSetRegressionOutput,
+)
+
+__version__ = "0.1.0"
+
+AutoConfig.register(NeuralInterpreterConfig.model_type, NeuralInterpreterConfig, exist_ok=True)
+AutoModel.register(NeuralInterpreterConfig, NeuralInterpreterModel, exist_ok=True)
+AutoModelForImageClassification.register(
+    NeuralInterpreterConfig, NeuralInterpreterForImageClassification, exist_ok=True
+)
+AutoImageProcessor.register(NeuralInterpreterConfig, NeuralInterpreterImageProcessor, exist_ok=True)
+
+# `save_pretrained` then writes `auto_map` and copies the (flat, relatively imported) code files.
+NeuralInterpreterConfig.register_for_auto_class()
+NeuralInterpreterModel.register_for_auto_class("AutoModel")
+NeuralInterpreterForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+NeuralInterpreterImageProcessor.register_for_auto_class("AutoImageProcessor")
+
+__all__ = [
+    "PAPER_PRESETS",
+    "NeuralInterpreterConfig",
+    "NeuralInterpreterForImageClassification",
+    "NeuralInterpreterForSetRegression",
+    "NeuralInterpreterImageClassifierOutput",
+    "NeuralInterpreterImageProcessor",
+    "NeuralInterpreterModel",
+    "NeuralInterpreterModelOutput",
+    "NeuralInterpreterPreTrainedModel",
+    "NeuralInterpreterSetRegressionOutput",
+    "vit_baseline_config",
+]

@@ -1,0 +1,296 @@
+"""Configuration of Neural Interpreters (Rahaman, Gondal et al., NeurIPS 2021)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+# Appendix tables of the paper, as settled in SPEC.md.
+PAPER_PRESETS: dict[str, dict[str, Any]] = {
+    "digits": dict(
+        hidden_size=192,
+        code_dim=192,
+        num_scripts=1,
+        num_function_iterations=8,
+        num_loc_layers=1,
+        num_functions=5,
+        num_attention_heads=4,
+        attention_head_size=128,
+        type_inference_depth=2,
+        type_inference_hidden_size=192,
+        type_dim=24,
+        truncation_tau=1.4,
+        freeze_signatures=True,
+        freeze_codes=False,
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        use_relative_positional_bias=True,
+        task_names=["mnist", "mnistm", "svhn"],
+        num_labels=10,
+    ),
+    "fuzzy_boolean": dict(
+        hidden_size=128,
+        code_dim=128,
+        num_scripts=2,
+        num_function_iterations=2,
+        num_loc_layers=1,
+        num_functions=4,
+        num_attention_heads=1,
+        attention_head_size=32,
+        type_inference_depth=2,
+        type_inference_hidden_size=128,
+        type_dim=24,
+        truncation_tau=1.6,
+        freeze_signatures=False,
+        freeze_codes=False,
+        use_relative_positional_bias=False,
+        num_input_variables=5,
+        task_names=[f"f{i}" for i in range(20)],
+        num_labels=1,
+    ),
+    "pgm": dict(
+        hidden_size=192,
+        code_dim=192,
+        num_scripts=2,
+        num_function_iterations=8,
+        num_loc_layers=1,
+        num_functions=5,
+        num_attention_heads=4,
+        attention_head_size=32,
+        type_inference_depth=2,
+        type_inference_hidden_size=192,
+        type_dim=24,
+        truncation_tau=1.5,
+        freeze_signatures=False,
+        freeze_codes=False,
+        use_relative_positional_bias=False,
+    ),
+}
+
+
+class NeuralInterpreterConfig(PretrainedConfig):
+    r"""Configuration of a Neural Interpreter: scripts of functions routed by type-signature matching.
+
+    Args:
+        hidden_size: dimension d of every set element (token).
+        code_dim: dimension of each function's code vector c_u.
+        num_scripts: number of scripts stacked in sequence (parameters are not shared between scripts).
+        num_function_iterations: function iterations per script (int, or one int per script); the
+            parameters of a script are shared across its iterations.
+        num_loc_layers: lines of code (LOCs) in each function's interpreter.
+        num_functions: functions U per script.
+        num_attention_heads: heads H of each LOC's attention.
+        attention_head_size: query/key features per head (values use hidden_size / H per head).
+        type_inference_depth: number of Linear layers of the type-inference MLP.
+        type_inference_hidden_size: width of the type-inference MLP.
+        type_dim: dimension of the type space (types t_i and signatures s_u).
+        truncation_tau: truncation threshold of the kernel, in [0, 2); distance d > tau gives C~ = 0.
+        sigma_init: initial value of the learnable kernel bandwidth sigma.
+        kernel_eps: epsilon of the compatibility normalisation (Eq. 4).
+        attention_eps: epsilon of the modulated attention normalisation (Eq. 6).
+        straight_through: if True, truncated kernel entries pass the gradient of the untruncated kernel.
+        outer_residual: if True, add the paper's outer residual of Eq. 8 (y = x + sum_u C_u LOC_u(x)).
+        freeze_signatures / freeze_codes / freeze_patch_embedding: keep those tensors fixed (they are
+            then not trainable parameters).
+        image_size / patch_size / num_channels: image geometry; patches are patch_size x patch_size.
+        use_relative_positional_bias: per-function relative positional bias between patch tokens.
+        task_names: one learned CLS token and one LayerNorm + Linear head per task (unless shared).
+        share_task_tokens: if True, one CLS token and one head are shared by all tasks (the reference).
+        default_task: index of the task used when `task_ids` is not given (e.g. by `pipeline`).
+        num_input_variables: number of scalar inputs of set-regression models (fuzzy Boolean).
+        hidden_dropout_prob / attention_probs_dropout_prob: dropout on LOC outputs / attention weights.
+        initializer_range: std of the truncated-normal init of Linear weights; None keeps PyTorch's
+            default Linear init (as the reference implementation does).
+        layer_norm_eps: epsilon of every LayerNorm.
+    """
+
+    model_type = "neural_interpreter"
+
+    def __init__(
+        self,
+        hidden_size: int = 192,
+        code_dim: int = 192,
+        num_scripts: int = 1,
+        num_function_iterations: int | list[int] = 8,
+        num_loc_layers: int = 1,
+        num_functions: int = 5,
+        num_attention_heads: int = 4,
+        attention_head_size: int = 128,
+        type_inference_depth: int = 2,
+        type_inference_hidden_size: int = 192,
+        type_dim: int = 24,
+        truncation_tau: float = 1.4,
+        sigma_init: float = 1.0,
+        kernel_eps: float = 1e-6,
+        attention_eps: float = 1e-6,
+        straight_through: bool = False,
+        outer_residual: bool = False,
+        freeze_signatures: bool = True,
+        freeze_codes: bool = False,
+        freeze_patch_embedding: bool = False,
+        image_size: int = 32,
+        patch_size: int = 4,
+        num_channels: int = 3,
+        use_relative_positional_bias: bool = True,
+        task_names: list[str] | None = None,
+        share_task_tokens: bool = False,
+        default_task: int = 0,
+        num_input_variables: int = 5,
+        hidden_dropout_prob: float = 0.0,
+        attention_probs_dropout_prob: float = 0.0,
+        initializer_range: float | None = None,
+        layer_norm_eps: float = 1e-5,
+        **kwargs: Any,
+    ) -> None:
+        self.hidden_size = hidden_size
+        self.code_dim = code_dim
+        self.num_scripts = num_scripts
+        self.num_function_iterations = num_function_iterations
+        self.num_loc_layers = num_loc_layers
+        self.num_functions = num_functions
+        self.num_attention_heads = num_attention_heads
+        self.attention_head_size = attention_head_size
+        self.type_inference_depth = type_inference_depth
+        self.type_inference_hidden_size = type_inference_hidden_size
+        self.type_dim = type_dim
+        self.truncation_tau = truncation_tau
+        self.sigma_init = sigma_init
+        self.kernel_eps = kernel_eps
+        self.attention_eps = attention_eps
+        self.straight_through = straight_through
+        self.outer_residual = outer_residual
+        self.freeze_signatures = freeze_signatures
+        self.freeze_codes = freeze_codes
+        self.freeze_patch_embedding = freeze_patch_embedding
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.use_relative_positional_bias = use_relative_positional_bias
+        self.task_names = list(task_names) if task_names is not None else ["default"]
+        self.share_task_tokens = share_task_tokens
+        self.default_task = default_task
+        self.num_input_variables = num_input_variables
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        super().__init__(**kwargs)
+        self.validate_neural_interpreter()
+
+    @classmethod
+    def from_paper(cls, name: str, **overrides: Any) -> NeuralInterpreterConfig:
+        """Config of a preset of the paper's appendix tables: "digits", "fuzzy_boolean" or "pgm"."""
+        if name not in PAPER_PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(PAPER_PRESETS)}.")
+        return cls(**{**PAPER_PRESETS[name], **overrides})
+
+    # --- derived sizes -------------------------------------------------------------------------
+
+    @property
+    def iterations_per_script(self) -> list[int]:
+        """Function iterations of each script."""
+        n = self.num_function_iterations
+        return [int(n)] * self.num_scripts if isinstance(n, int) else [int(k) for k in n]
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_names)
+
+    @property
+    def num_task_tokens(self) -> int:
+        """CLS tokens prepended to every sample (one per task, whatever the sample's own task)."""
+        return self.num_tasks
+
+    @property
+    def grid_size(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size**2
+
+    @property
+    def patch_dim(self) -> int:
+        return self.patch_size * self.patch_size * self.num_channels
+
+    def validate_neural_interpreter(self) -> None:
+        """Raise a ValueError naming what was expected for any inconsistent hyperparameter."""
+        positive = [
+            "hidden_size",
+            "code_dim",
+            "num_scripts",
+            "num_loc_layers",
+            "num_functions",
+            "num_attention_heads",
+            "attention_head_size",
+            "type_inference_depth",
+            "type_inference_hidden_size",
+            "type_dim",
+            "image_size",
+            "patch_size",
+            "num_channels",
+            "num_input_variables",
+        ]
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        n = self.num_function_iterations
+        if isinstance(n, int):
+            if n < 1:
+                raise ValueError(f"`num_function_iterations` must be >= 1, got {n}.")
+        elif not (isinstance(n, (list, tuple)) and len(n) == self.num_scripts and all(k >= 1 for k in n)):
+            raise ValueError(
+                "`num_function_iterations` must be a positive int or a list of one positive int per script "
+                f"(num_scripts={self.num_scripts}), got {n!r}."
+            )
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads}): values use hidden_size / heads features per head."
+            )
+        if not 0.0 <= self.truncation_tau < 2.0:
+            raise ValueError(
+                f"`truncation_tau` must lie in [0, 2) (distances 1 - s.t lie in [0, 2]), got {self.truncation_tau}."
+            )
+        if self.sigma_init <= 0:
+            raise ValueError(f"`sigma_init` must be > 0, got {self.sigma_init}.")
+        if self.kernel_eps < 0 or self.attention_eps < 0:
+            raise ValueError("`kernel_eps` and `attention_eps` must be >= 0.")
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"`patch_size` ({self.patch_size}) must divide `image_size` ({self.image_size})."
+            )
+        if not self.task_names or len(set(self.task_names)) != len(self.task_names):
+            raise ValueError(
+                f"`task_names` must be a non-empty list of distinct names, got {self.task_names!r}."
+            )
+        if not 0 <= self.default_task < len(self.task_names):
+            raise ValueError(
+                f"`default_task` must index `task_names` (0..{len(self.task_names) - 1}), got {self.default_task}."
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"`{name}` must lie in [0, 1), got {getattr(self, name)}.")
+
+
+def vit_baseline_config(**overrides: Any):
+    """The paper's digits ViT baseline as a plain `transformers.ViTConfig` (1.81M parameters with its head)."""
+    from transformers import ViTConfig
+
+    settings = dict(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=192,
+        num_hidden_layers=8,
+        num_attention_heads=3,
+        intermediate_size=192,
+        num_labels=10,
+    )
+    return ViTConfig(**{**settings, **overrides})
+
+
+__all__ = ["NeuralInterpreterConfig", "PAPER_PRESETS", "vit_baseline_config"]

@@ -1,0 +1,729 @@
+"""PyTorch Neural Interpreters ("Dynamic Inference with Neural Interpreters", Rahaman, Gondal et al., 2021).
+
+Layout of the computation: every function u of a script runs on every token, so the U function streams
+are folded into the leading (batch) dimension of one tensor, shape (U, B, N, d); per-function quantities
+(code modulations, positional biases) are computed once per forward from the U code vectors, never per
+token. Attention goes through one dispatch point: "sdpa" (torch's scaled_dot_product_attention with the
+log-compatibilities as an additive mask) or "eager" (the literal formula of Eq. 6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import ModelOutput
+
+from .configuration_neural_interpreter import NeuralInterpreterConfig
+
+# Additive mask value for keys no function accepts. Finite (not -inf) so that a query whose function accepts
+# no key at all gets a uniform, NaN-free softmax; such a query is weighted by C_ui = 0 anyway.
+_MASKED_LOGIT = -1e4
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Outputs
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NeuralInterpreterModelOutput(ModelOutput):
+    """Output of the backbone.
+
+    Args:
+        last_hidden_state: (B, N, d) the set after the last function iteration (task tokens first).
+        pooler_output: (B, T, d) the outputs of the T task (CLS) tokens.
+        hidden_states: the set before the first and after every function iteration, each (B, N, d).
+        compatibilities: C of every (script, function iteration) in order, each (B, U, N).
+        types: the types t of every (script, function iteration), each (B, N, d_type).
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    pooler_output: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    compatibilities: tuple[torch.FloatTensor, ...] | None = None
+    types: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class NeuralInterpreterImageClassifierOutput(ModelOutput):
+    """Output of the multi-task image classifier.
+
+    Args:
+        loss: cross-entropy of `logits` against `labels`, when labels are given.
+        logits: (B, num_labels) the logits of each sample's own task head.
+        hidden_states / compatibilities / types: as in `NeuralInterpreterModelOutput`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    compatibilities: tuple[torch.FloatTensor, ...] | None = None
+    types: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class NeuralInterpreterSetRegressionOutput(ModelOutput):
+    """Output of the set-regression model (one scalar per task token).
+
+    Args:
+        loss: mean squared error of `predictions` against `labels`, when labels are given.
+        predictions: (B, T) one regression output per task token.
+        hidden_states / compatibilities / types: as in `NeuralInterpreterModelOutput`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    predictions: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    compatibilities: tuple[torch.FloatTensor, ...] | None = None
+    types: tuple[torch.FloatTensor, ...] | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, (H/p)(W/p), p*p*C), i.e. `b c (h p1) (w p2) -> b (h w) (p1 p2 c)`."""
+    b, c, h, w = images.shape
+    x = images.reshape(b, c, h // patch_size, patch_size, w // patch_size, patch_size)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(
+        b, (h // patch_size) * (w // patch_size), patch_size * patch_size * c
+    )
+
+
+class ModLin(nn.Module):
+    """Code-modulated linear layer, Eq. 5: ModLin(x; c) = W (x * LayerNorm(W_c c)) + b."""
+
+    def __init__(self, in_features: int, out_features: int, code_dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.code_proj = nn.Linear(code_dim, in_features, bias=False)
+
+    def function_weights(self, codes: torch.Tensor) -> torch.Tensor:
+        """(U, out, in): W diag(LayerNorm(W_c c_u)) for every function; computed once per forward."""
+        modulation = F.layer_norm(self.code_proj(codes), (self.in_features,))
+        return self.weight.unsqueeze(0) * modulation.unsqueeze(1)
+
+    def function_bias(self, num_functions: int) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.expand(num_functions, -1)
+
+    def forward(self, x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """x (U, B, N, in) or (B, N, in) shared by all functions -> (U, B, N, out)."""
+        return apply_function_weights(x, self.function_weights(codes), self.function_bias(codes.shape[0]))
+
+
+def apply_function_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Apply per-function weights (U, out, in) to x (U, B, N, in), or to x (B, N, in) shared by all functions."""
+    num_functions, out_features, in_features = weight.shape
+    if x.dim() == 3:
+        # One matmul for all functions: the input is the same for every stream.
+        flat_bias = None if bias is None else bias.reshape(-1)
+        y = F.linear(x, weight.reshape(num_functions * out_features, in_features), flat_bias)
+        return y.unflatten(-1, (num_functions, out_features)).permute(2, 0, 1, 3)
+    u, b, n, _ = x.shape
+    y = torch.bmm(x.reshape(u, b * n, in_features), weight.transpose(1, 2))
+    if bias is not None:
+        y = y + bias.unsqueeze(1)
+    return y.view(u, b, n, out_features)
+
+
+class ModMLP(nn.Module):
+    """ModMLP(x; c) = ModLin(GELU(ModLin(x; c)); c), hidden width d (Eq. 5)."""
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.fc1 = ModLin(d, d, config.code_dim)
+        self.fc2 = ModLin(d, d, config.code_dim)
+
+    def forward(self, x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x, codes)), codes)
+
+
+class RelativePositionalBias(nn.Module):
+    """Per-function relative positional bias between patch tokens (reference "sep_sum" mode, SPEC.md)."""
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__()
+        g, heads, hd = config.grid_size, config.num_attention_heads, config.attention_head_size
+        self.grid_size = g
+        self.row_offset_embeddings = nn.Parameter(torch.empty(2 * g - 1, hd))
+        self.col_offset_embeddings = nn.Parameter(torch.empty(2 * g - 1, hd))
+        self.row_head_keys = nn.Linear(hd, heads, bias=False)
+        self.col_head_keys = nn.Linear(hd, heads, bias=False)
+        self.row_function_keys = nn.Linear(config.code_dim, heads, bias=False)
+        self.col_function_keys = nn.Linear(config.code_dim, heads, bias=False)
+        rows = torch.arange(g).repeat_interleave(g)
+        cols = torch.arange(g).repeat(g)
+        # Offsets key - query, shifted to table indices; row-major patch order.
+        self.register_buffer("row_index", rows[None, :] - rows[:, None] + g - 1, persistent=False)
+        self.register_buffer("col_index", cols[None, :] - cols[:, None] + g - 1, persistent=False)
+
+    def forward(self, codes: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+        """(U, H, N, N) bias; zero for any pair that involves a task (CLS) token."""
+        row_table = self.row_head_keys(self.row_offset_embeddings)  # (2G-1, H)
+        col_table = self.col_head_keys(self.col_offset_embeddings)
+        patch_bias = (row_table[self.row_index] + col_table[self.col_index]).permute(2, 0, 1)  # (H, P, P)
+        function_bias = self.row_function_keys(codes) + self.col_function_keys(codes)  # (U, H)
+        bias = patch_bias.unsqueeze(0) + function_bias[:, :, None, None]
+        return F.pad(bias, (num_prefix_tokens, 0, num_prefix_tokens, 0))
+
+
+def modulated_attention_eager(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """Eq. 6 literally: W = A~ / (eps + sum_j A~), A~_ij = C_ui C_uj softmax_j((q.k + bias) * scale)."""
+    logits = query @ key.transpose(-1, -2)  # (U, B, H, N, N)
+    if position_bias is not None:
+        logits = logits + position_bias.unsqueeze(1)
+    probs = torch.softmax(logits * scale, dim=-1)
+    c = compatibilities.unsqueeze(2)  # (U, B, 1, N)
+    modulated = c.unsqueeze(-1) * c.unsqueeze(-2) * probs
+    weights = modulated / (eps + modulated.sum(dim=-1, keepdim=True))
+    weights = F.dropout(weights, p=dropout, training=dropout > 0)
+    return weights @ value
+
+
+def modulated_attention_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """Eq. 6 as softmax_j((q.k + bias) * scale + log C_uj), exact where C_ui > 0 up to eps, via SDPA."""
+    u, b, h, n, _ = query.shape
+    accepted = compatibilities > 0
+    log_c = torch.where(accepted, torch.log(torch.where(accepted, compatibilities, 1.0)), _MASKED_LOGIT)
+    mask = log_c[:, :, None, None, :]  # (U, B, 1, 1, N)
+    if position_bias is not None:
+        mask = mask + (position_bias * scale).unsqueeze(1)  # (U, B, H, N, N)
+    mask = mask.to(query.dtype).flatten(0, 1)
+    out = F.scaled_dot_product_attention(
+        query.flatten(0, 1),
+        key.flatten(0, 1),
+        value.flatten(0, 1),
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scale,
+    )
+    return out.view(u, b, h, n, -1)
+
+
+ATTENTION_FUNCTIONS = {"eager": modulated_attention_eager, "sdpa": modulated_attention_sdpa}
+
+
+class LineOfCode(nn.Module):
+    """One LOC (Eqs. 5-7): modulated attention then ModMLP, both gated by C_ui, in U parallel streams."""
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__()
+        d, cd = config.hidden_size, config.code_dim
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.attention_head_size
+        self.qk_size = self.num_heads * self.head_size
+        self.attention_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.query = ModLin(d, self.qk_size, cd, bias=False)
+        self.key = ModLin(d, self.qk_size, cd, bias=False)
+        self.value = ModLin(d, d, cd, bias=True)
+        self.output = ModLin(d, d, cd, bias=True)
+        self.mlp_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.mlp = ModMLP(config)
+        self.position_bias = RelativePositionalBias(config) if config.use_relative_positional_bias else None
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        compatibilities: torch.Tensor,
+        codes: torch.Tensor,
+        num_prefix_tokens: int | None,
+    ) -> torch.Tensor:
+        """x (B, N, d) shared by all streams or (U, B, N, d); compatibilities (U, B, N) -> (U, B, N, d)."""
+        u = codes.shape[0]
+        h = self.attention_norm(x)
+        # Fused q, k, v: one (batched) matmul with the per-function weights concatenated.
+        qkv_weight = torch.cat(
+            [m.function_weights(codes) for m in (self.query, self.key, self.value)], dim=1
+        )  # (U, 2*H*hd + d, d)
+        qkv_bias = F.pad(self.value.function_bias(u), (2 * self.qk_size, 0))
+        qkv = apply_function_weights(h, qkv_weight, qkv_bias)  # (U, B, N, 2*H*hd + d)
+        _, b, n, _ = qkv.shape
+        q, k, v = qkv.split([self.qk_size, self.qk_size, qkv.shape[-1] - 2 * self.qk_size], dim=-1)
+        q = q.view(u, b, n, self.num_heads, self.head_size).transpose(2, 3)
+        k = k.view(u, b, n, self.num_heads, self.head_size).transpose(2, 3)
+        v = v.view(u, b, n, self.num_heads, -1).transpose(2, 3)
+
+        position_bias = None
+        if self.position_bias is not None and num_prefix_tokens is not None:
+            position_bias = self.position_bias(codes, num_prefix_tokens)
+        attention = ATTENTION_FUNCTIONS.get(
+            self.config._attn_implementation or "sdpa", modulated_attention_sdpa
+        )
+        attended = attention(
+            q,
+            k,
+            v,
+            compatibilities,
+            position_bias,
+            scale=1.0 / math.sqrt(self.head_size),
+            eps=self.config.attention_eps,
+            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+        )
+        attended = attended.transpose(2, 3).reshape(u, b, n, -1)
+        gate = compatibilities.unsqueeze(-1)
+        a = x + gate * self.dropout(self.output(attended, codes))
+        return a + gate * self.dropout(self.mlp(self.mlp_norm(a), codes))
+
+
+class TypeInference(nn.Module):
+    """Type inference, Eq. 2: t_i = normalize(MLP(LayerNorm(x_i)))."""
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__()
+        widths = [config.hidden_size] + [config.type_inference_hidden_size] * (
+            config.type_inference_depth - 1
+        )
+        widths.append(config.type_dim)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(widths[:-1], widths[1:], strict=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i == 0 else layer(F.gelu(x))
+        return F.normalize(x, dim=-1)
+
+
+class NeuralInterpreterScript(GradientCheckpointingLayer):
+    """A script: U functions (signature s_u, code c_u) sharing one interpreter; `forward` is one function iteration."""
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.type_inference = TypeInference(config)
+        self.signatures = nn.Parameter(torch.empty(config.num_functions, config.type_dim))
+        self.codes = nn.Parameter(torch.empty(config.num_functions, config.code_dim))
+        self.sigma = nn.Parameter(torch.tensor(float(config.sigma_init)))
+        self.locs = nn.ModuleList(LineOfCode(config) for _ in range(config.num_loc_layers))
+
+    def compatibilities(self, types: torch.Tensor, function_mask: torch.Tensor | None) -> torch.Tensor:
+        """Eqs. 3-4: C_ui = C~_ui / (eps + sum_u C~_ui), C~_ui = exp(-d_ui / sigma) if d_ui <= tau else 0."""
+        signatures = F.normalize(self.signatures, dim=-1)
+        distance = 1.0 - torch.einsum("bnt,ut->ubn", types, signatures)  # (U, B, N)
+        kernel = torch.exp(-distance / self.sigma)
+        truncated = torch.where(distance <= self.config.truncation_tau, kernel, 0.0)
+        if self.config.straight_through:
+            truncated = kernel + (truncated - kernel).detach()
+        if function_mask is not None:
+            truncated = truncated * function_mask[:, None, None].to(truncated.dtype)
+        return truncated / (self.config.kernel_eps + truncated.sum(dim=0, keepdim=True))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        num_prefix_tokens: int | None = None,
+        function_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One function iteration (Eq. 8): y_i = sum_u C_ui LOC_stack_u(x)_i. Returns (y, C (U,B,N), types)."""
+        types = self.type_inference(hidden_states)
+        compatibilities = self.compatibilities(types, function_mask)
+        streams = hidden_states  # every stream starts from the same x: kept unexpanded for the first LOC
+        for loc in self.locs:
+            streams = loc(streams, compatibilities, self.codes, num_prefix_tokens)
+        output = torch.einsum("ubn,ubnd->bnd", compatibilities, streams)
+        if self.config.outer_residual:
+            output = hidden_states + output
+        return output, compatibilities, types
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Models
+# ----------------------------------------------------------------------------------------------------------
+
+
+class NeuralInterpreterPreTrainedModel(PreTrainedModel):
+    config_class = NeuralInterpreterConfig
+    config: NeuralInterpreterConfig
+    base_model_prefix = "neural_interpreter"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["NeuralInterpreterScript"]
+    # Trainer must not assume the model averages the loss over processes itself (see HF-NOTES.md).
+    accepts_loss_kwargs = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Signatures, codes, task tokens ~ N(0, 1); Linear weights: PyTorch's default or truncated normal."""
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, ModLin)):
+            if std is None:
+                init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+            else:
+                init.trunc_normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, NeuralInterpreterScript):
+            init.normal_(module.signatures)
+            init.normal_(module.codes)
+            init.constant_(module.sigma, float(self.config.sigma_init))
+        elif isinstance(module, RelativePositionalBias):
+            init.normal_(module.row_offset_embeddings)
+            init.normal_(module.col_offset_embeddings)
+        elif isinstance(module, NeuralInterpreterModel):
+            init.normal_(module.task_tokens)
+
+
+class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
+    """The backbone: patch embedding, task (CLS) tokens, and scripts of function iterations."""
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__(config)
+        self.config = config
+        self.patch_embedding = nn.Linear(config.patch_dim, config.hidden_size)
+        num_token_params = 1 if config.share_task_tokens else config.num_task_tokens
+        self.task_tokens = nn.Parameter(torch.empty(num_token_params, config.hidden_size))
+        self.scripts = nn.ModuleList(NeuralInterpreterScript(config) for _ in range(config.num_scripts))
+        self.post_init()
+        self.apply_freezing()
+
+    def apply_freezing(self) -> None:
+        """Make the tensors the config freezes non-trainable (so optimizers and DDP never see them)."""
+        for script in self.scripts:
+            script.signatures.requires_grad_(not self.config.freeze_signatures)
+            script.codes.requires_grad_(not self.config.freeze_codes)
+        self.patch_embedding.requires_grad_(not self.config.freeze_patch_embedding)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.patch_embedding
+
+    def embed_task_tokens(self, batch_size: int) -> torch.Tensor:
+        """(B, T, d): every task's CLS token, for every sample (one copy per task when they are shared)."""
+        tokens = self.task_tokens.expand(self.config.num_task_tokens, -1)
+        return tokens.unsqueeze(0).expand(batch_size, -1, -1)
+
+    def _embed_inputs(
+        self, pixel_values: torch.Tensor | None, inputs_embeds: torch.Tensor | None
+    ) -> tuple[torch.Tensor, bool]:
+        """(B, N_in, d) input set, and whether it is a grid of patches (for the positional bias)."""
+        if (pixel_values is None) == (inputs_embeds is None):
+            raise ValueError(
+                "Pass exactly one of `pixel_values` (images or patches) and `inputs_embeds` (a set)."
+            )
+        c = self.config
+        if inputs_embeds is not None:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != c.hidden_size:
+                raise ValueError(
+                    f"`inputs_embeds` must have shape (batch, set_size, {c.hidden_size}), got {tuple(inputs_embeds.shape)}."
+                )
+            return inputs_embeds, False
+        if pixel_values.dim() == 4:
+            if pixel_values.shape[1:] != (c.num_channels, c.image_size, c.image_size):
+                raise ValueError(
+                    f"Images must have shape (batch, {c.num_channels}, {c.image_size}, {c.image_size}), got "
+                    f"{tuple(pixel_values.shape)}; resize them with NeuralInterpreterImageProcessor."
+                )
+            pixel_values = patchify(pixel_values, c.patch_size)
+        elif pixel_values.dim() != 3 or pixel_values.shape[1:] != (c.num_patches, c.patch_dim):
+            raise ValueError(
+                f"`pixel_values` must be images (batch, {c.num_channels}, {c.image_size}, {c.image_size}) or patches "
+                f"(batch, {c.num_patches}, {c.patch_dim}), got {tuple(pixel_values.shape)}."
+            )
+        pixel_values = pixel_values.to(self.patch_embedding.weight.dtype)
+        return self.patch_embedding(pixel_values), True
+
+    def _function_masks(self, disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None, device):
+        """One (U,) 0/1 mask per script, or None; `disabled_functions` lists functions (per script if a dict)."""
+        if disabled_functions is None:
+            return [None] * self.config.num_scripts
+        per_script = (
+            disabled_functions
+            if isinstance(disabled_functions, dict)
+            else dict.fromkeys(range(self.config.num_scripts), disabled_functions)
+        )
+        masks = []
+        for s in range(self.config.num_scripts):
+            disabled = list(per_script.get(s, []))
+            if any(not 0 <= u < self.config.num_functions for u in disabled):
+                raise ValueError(
+                    f"`disabled_functions` must index functions 0..{self.config.num_functions - 1}, got {disabled}."
+                )
+            mask = torch.ones(self.config.num_functions, device=device)
+            mask[disabled] = 0.0
+            masks.append(mask if disabled else None)
+        return masks
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_routing: bool = False,
+        num_function_iterations: int | Sequence[int] | None = None,
+        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
+        return_dict: bool | None = None,
+    ) -> NeuralInterpreterModelOutput | tuple:
+        r"""Run the scripts on the input set with the task tokens prepended.
+
+        Args:
+            pixel_values: images (B, C, H, W) or patches (B, num_patches, patch_dim) from the image processor.
+            inputs_embeds: a set of vectors (B, N_in, d), used as is (no patch embedding, no positions).
+            output_hidden_states: return the set after every function iteration.
+            output_routing: return the compatibilities C (B, U, N) and types of every function iteration.
+            num_function_iterations: run this many iterations per script (int or one per script) instead of the
+                config's: anytime inference.
+            disabled_functions: functions whose C_ui is forced to 0 before normalisation (indices for all scripts,
+                or a dict script -> indices).
+        """
+        c = self.config
+        output_hidden_states = (
+            c.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        return_dict = c.return_dict if return_dict is None else return_dict
+        embeddings, is_patch_grid = self._embed_inputs(pixel_values, inputs_embeds)
+        batch_size = embeddings.shape[0]
+        num_prefix = c.num_task_tokens
+        hidden = torch.cat([self.embed_task_tokens(batch_size).to(embeddings.dtype), embeddings], dim=1)
+
+        iterations = c.iterations_per_script if num_function_iterations is None else num_function_iterations
+        if isinstance(iterations, int):
+            iterations = [iterations] * c.num_scripts
+        if len(iterations) != c.num_scripts or any(k < 0 for k in iterations):
+            raise ValueError(
+                f"`num_function_iterations` must be a non-negative int or one per script ({c.num_scripts}), got {iterations}."
+            )
+        function_masks = self._function_masks(disabled_functions, hidden.device)
+
+        all_hidden = (hidden,) if output_hidden_states else None
+        all_compat = () if output_routing else None
+        all_types = () if output_routing else None
+        for script, n_iter, mask in zip(self.scripts, iterations, function_masks, strict=True):
+            for _ in range(n_iter):
+                hidden, compat, types = script(hidden, num_prefix if is_patch_grid else None, mask)
+                if output_hidden_states:
+                    all_hidden += (hidden,)
+                if output_routing:
+                    all_compat += (compat.transpose(0, 1),)
+                    all_types += (types,)
+
+        pooled = hidden[:, :num_prefix]
+        if not return_dict:
+            return tuple(v for v in (hidden, pooled, all_hidden, all_compat, all_types) if v is not None)
+        return NeuralInterpreterModelOutput(
+            last_hidden_state=hidden,
+            pooler_output=pooled,
+            hidden_states=all_hidden,
+            compatibilities=all_compat,
+            types=all_types,
+        )
+
+
+class TaskHead(nn.Module):
+    """LayerNorm + Linear on one task token's output."""
+
+    def __init__(self, hidden_size: int, num_outputs: int, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.linear = nn.Linear(hidden_size, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(x))
+
+
+def _resolve_task_ids(
+    task_ids: torch.Tensor | None, config: NeuralInterpreterConfig, batch_size: int, device
+):
+    """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
+    if task_ids is None:
+        return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
+    task_ids = torch.as_tensor(task_ids, device=device).long().reshape(-1)
+    if task_ids.numel() == 1 and batch_size > 1:
+        task_ids = task_ids.expand(batch_size)
+    if task_ids.shape[0] != batch_size:
+        raise ValueError(
+            f"`task_ids` must have one entry per sample ({batch_size}), got {task_ids.shape[0]}."
+        )
+    if task_ids.numel() and (task_ids.min() < 0 or task_ids.max() >= config.num_tasks):
+        raise ValueError(
+            f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
+        )
+    return task_ids
+
+
+class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
+    """Multi-task image classifier: each sample's task id picks its CLS token output and its head."""
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.neural_interpreter = NeuralInterpreterModel(config)
+        num_heads = 1 if config.share_task_tokens else config.num_tasks
+        self.classifier = nn.ModuleList(
+            TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps) for _ in range(num_heads)
+        )
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        task_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_routing: bool = False,
+        num_function_iterations: int | Sequence[int] | None = None,
+        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
+        return_dict: bool | None = None,
+    ) -> NeuralInterpreterImageClassifierOutput | tuple:
+        r"""Logits of each sample's task head; cross-entropy loss when `labels` are given.
+
+        Args:
+            task_ids: (B,) index of each sample's task in `config.task_names` (default `config.default_task`).
+            labels: (B,) class indices.
+            Other arguments as in `NeuralInterpreterModel.forward`.
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.neural_interpreter(
+            pixel_values=pixel_values,
+            output_hidden_states=output_hidden_states,
+            output_routing=output_routing,
+            num_function_iterations=num_function_iterations,
+            disabled_functions=disabled_functions,
+            return_dict=True,
+        )
+        pooled = outputs.pooler_output  # (B, T, d)
+        task_ids = _resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
+        own_token = pooled[torch.arange(pooled.shape[0], device=pooled.device), task_ids]  # (B, d)
+        if len(self.classifier) == 1:
+            logits = self.classifier[0](own_token)
+        else:
+            all_logits = torch.stack([head(own_token) for head in self.classifier], dim=1)  # (B, T, L)
+            logits = all_logits[torch.arange(pooled.shape[0], device=pooled.device), task_ids]
+        loss = None
+        if labels is not None:
+            labels = labels.to(logits.device).long().reshape(-1)
+            if labels.shape[0] != logits.shape[0]:
+                raise ValueError(
+                    f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."
+                )
+            loss = F.cross_entropy(logits.float(), labels)
+        if not return_dict:
+            extra = (outputs.hidden_states, outputs.compatibilities, outputs.types)
+            return tuple(v for v in (loss, logits, *extra) if v is not None)
+        return NeuralInterpreterImageClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            compatibilities=outputs.compatibilities,
+            types=outputs.types,
+        )
+
+
+class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
+    """Set regression (the fuzzy-Boolean experiment): N scalars + one CLS token per task -> one scalar per task."""
+
+    main_input_name = "inputs"
+    input_modalities = ("text",)
+
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        super().__init__(config)
+        d = config.hidden_size
+        self.input_projection = nn.Linear(1, d)
+        self.input_position_embeddings = nn.Parameter(torch.empty(config.num_input_variables, d))
+        self.neural_interpreter = NeuralInterpreterModel(config)
+        self.regressor = TaskHead(d, 1, config.layer_norm_eps)
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, NeuralInterpreterForSetRegression):
+            init.normal_(module.input_position_embeddings)
+
+    def forward(
+        self,
+        inputs: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_routing: bool = False,
+        num_function_iterations: int | Sequence[int] | None = None,
+        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
+        return_dict: bool | None = None,
+    ) -> NeuralInterpreterSetRegressionOutput | tuple:
+        r"""Predictions (B, T) from inputs (B, num_input_variables); MSE loss against labels (B, T)."""
+        c = self.config
+        return_dict = c.return_dict if return_dict is None else return_dict
+        if inputs is None or inputs.dim() != 2 or inputs.shape[1] != c.num_input_variables:
+            shape = None if inputs is None else tuple(inputs.shape)
+            raise ValueError(f"`inputs` must have shape (batch, {c.num_input_variables}), got {shape}.")
+        dtype = self.input_projection.weight.dtype
+        embeds = self.input_projection(inputs.to(dtype).unsqueeze(-1)) + self.input_position_embeddings
+        outputs = self.neural_interpreter(
+            inputs_embeds=embeds,
+            output_hidden_states=output_hidden_states,
+            output_routing=output_routing,
+            num_function_iterations=num_function_iterations,
+            disabled_functions=disabled_functions,
+            return_dict=True,
+        )
+        predictions = self.regressor(outputs.pooler_output).squeeze(-1)  # (B, T)
+        loss = None
+        if labels is not None:
+            if labels.shape != predictions.shape:
+                raise ValueError(
+                    f"`labels` must have shape (batch, num_tasks) = {tuple(predictions.shape)}, got {tuple(labels.shape)}."
+                )
+            loss = F.mse_loss(predictions.float(), labels.to(predictions.device).float())
+        if not return_dict:
+            extra = (outputs.hidden_states, outputs.compatibilities, outputs.types)
+            return tuple(v for v in (loss, predictions, *extra) if v is not None)
+        return NeuralInterpreterSetRegressionOutput(
+            loss=loss,
+            predictions=predictions,
+            hidden_states=outputs.hidden_states,
+            compatibilities=outputs.compatibilities,
+            types=outputs.types,
+        )
+
+
+__all__ = [
+    "NeuralInterpreterPreTrainedModel",
+    "NeuralInterpreterModel",
+    "NeuralInterpreterForImageClassification",
+    "NeuralInterpreterForSetRegression",
+    "NeuralInterpreterModelOutput",
+    "NeuralInterpreterImageClassifierOutput",
+    "NeuralInterpreterSetRegressionOutput",
+    "ModLin",
+    "ModMLP",
+    "LineOfCode",
+    "NeuralInterpreterScript",
+    "patchify",
+]
