@@ -4,7 +4,7 @@ Layout of the computation: every function u of a script runs on every token, so 
 are folded into the leading (batch) dimension of one tensor, shape (U, B, N, d); per-function quantities
 (code modulations, positional biases) are computed once per forward from the U code vectors, never per
 token. Attention goes through one dispatch point: "sdpa" (torch's scaled_dot_product_attention with the
-log-compatibilities as an additive mask) or "eager" (the literal formula of Eq. 6).
+key compatibilities folded into the values) or "eager" (the literal formula of Eq. 6).
 """
 
 from __future__ import annotations
@@ -22,11 +22,6 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
 from .configuration_neural_interpreter import NeuralInterpreterConfig
-
-# Additive mask value for keys no function accepts. Finite (not -inf) so that a query whose function accepts
-# no key at all gets a uniform, NaN-free softmax; such a query is weighted by C_ui = 0 anyway.
-_MASKED_LOGIT = -1e4
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Outputs
@@ -181,6 +176,15 @@ class RelativePositionalBias(nn.Module):
         return F.pad(bias, (num_prefix_tokens, 0, num_prefix_tokens, 0))
 
 
+def _gated_normalise(
+    numerator: torch.Tensor, total: torch.Tensor, c_query: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """C_ui * numerator / (eps + C_ui * total), and 0 where that denominator is 0 (eps = 0 and C_ui = 0)."""
+    denominator = eps + c_query * total
+    nonzero = denominator > 0
+    return numerator * torch.where(nonzero, c_query / torch.where(nonzero, denominator, 1.0), 0.0)
+
+
 def modulated_attention_eager(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -198,7 +202,9 @@ def modulated_attention_eager(
     probs = torch.softmax(logits * scale, dim=-1)
     c = compatibilities.unsqueeze(2)  # (U, B, 1, N)
     modulated = c.unsqueeze(-1) * c.unsqueeze(-2) * probs
-    weights = modulated / (eps + modulated.sum(dim=-1, keepdim=True))
+    total = modulated.sum(dim=-1, keepdim=True)
+    nonzero = eps + total > 0
+    weights = torch.where(nonzero, modulated / torch.where(nonzero, eps + total, 1.0), 0.0)
     weights = F.dropout(weights, p=dropout, training=dropout > 0)
     return weights @ value
 
@@ -213,23 +219,18 @@ def modulated_attention_sdpa(
     eps: float,
     dropout: float,
 ) -> torch.Tensor:
-    """Eq. 6 as softmax_j((q.k + bias) * scale + log C_uj), exact where C_ui > 0 up to eps, via SDPA."""
-    u, b, h, n, _ = query.shape
-    accepted = compatibilities > 0
-    log_c = torch.where(accepted, torch.log(torch.where(accepted, compatibilities, 1.0)), _MASKED_LOGIT)
-    mask = log_c[:, :, None, None, :]  # (U, B, 1, 1, N)
-    if position_bias is not None:
-        mask = mask + (position_bias * scale).unsqueeze(1)  # (U, B, H, N, N)
-    mask = mask.to(query.dtype).flatten(0, 1)
-    out = F.scaled_dot_product_attention(
-        query.flatten(0, 1),
-        key.flatten(0, 1),
-        value.flatten(0, 1),
-        attn_mask=mask,
-        dropout_p=dropout,
-        scale=scale,
-    )
-    return out.view(u, b, h, n, -1)
+    """Eq. 6 through SDPA, exactly: W v = C_ui (A (C_u v)) / (eps + C_ui (A C_u)), A = softmax_j(logits).
+
+    The key compatibilities C_uj scale the values and ride along as one extra value column, so the
+    normaliser of Eq. 6 comes out of the same kernel call: no log-compatibility mask, no -inf rows
+    (a function that accepts no token gives 0, not NaN), and the mask is only the (U, 1, H, N, N)
+    positional bias, never a per-sample (U, B, H, N, N) tensor. Dropout, if any, acts on A.
+    """
+    c_key = compatibilities[:, :, None, :, None]  # (U, B, 1, N, 1)
+    value = torch.cat([value * c_key, c_key.expand(*value.shape[:-1], 1)], dim=-1)
+    mask = None if position_bias is None else (position_bias * scale).unsqueeze(1).to(query.dtype)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale)
+    return _gated_normalise(out[..., :-1], out[..., -1:], c_key, eps)
 
 
 ATTENTION_FUNCTIONS = {"eager": modulated_attention_eager, "sdpa": modulated_attention_sdpa}

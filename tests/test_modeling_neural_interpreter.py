@@ -1,0 +1,473 @@
+"""Tests of the Neural Interpreter models (transformers' ModelTester pattern plus behaviour tests)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from ni_hf import (
+    NeuralInterpreterConfig,
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterForSetRegression,
+    NeuralInterpreterModel,
+)
+from ni_hf.modeling_neural_interpreter import (
+    modulated_attention_eager,
+    modulated_attention_sdpa,
+    patchify,
+)
+
+
+class NeuralInterpreterModelTester:
+    """Tiny configs and `create_and_check_*` methods, as in transformers' test suite."""
+
+    def __init__(self, batch_size: int = 3, **overrides) -> None:
+        self.batch_size = batch_size
+        self.settings = dict(
+            hidden_size=16,
+            code_dim=8,
+            num_scripts=2,
+            num_function_iterations=[2, 1],
+            num_loc_layers=2,
+            num_functions=3,
+            num_attention_heads=2,
+            attention_head_size=4,
+            type_inference_hidden_size=12,
+            type_dim=6,
+            truncation_tau=1.4,
+            image_size=8,
+            patch_size=2,
+            num_channels=3,
+            task_names=["a", "b"],
+            num_labels=5,
+        )
+        self.settings.update(overrides)
+
+    def get_config(self, **overrides) -> NeuralInterpreterConfig:
+        return NeuralInterpreterConfig(**{**self.settings, **overrides})
+
+    def prepare_inputs(self, config: NeuralInterpreterConfig) -> dict[str, torch.Tensor]:
+        b = self.batch_size
+        return {
+            "pixel_values": torch.randn(b, config.num_patches, config.patch_dim),
+            "task_ids": torch.arange(b) % config.num_tasks,
+            "labels": torch.arange(b) % config.num_labels,
+        }
+
+    def set_size(self, config: NeuralInterpreterConfig) -> int:
+        return config.num_task_tokens + config.num_patches
+
+    def create_and_check_model(self, config: NeuralInterpreterConfig) -> None:
+        model = NeuralInterpreterModel(config).eval()
+        inputs = self.prepare_inputs(config)
+        out = model(pixel_values=inputs["pixel_values"], output_hidden_states=True, output_routing=True)
+        n = self.set_size(config)
+        assert out.last_hidden_state.shape == (self.batch_size, n, config.hidden_size)
+        assert out.pooler_output.shape == (self.batch_size, config.num_tasks, config.hidden_size)
+        iterations = sum(config.iterations_per_script)
+        assert len(out.hidden_states) == iterations + 1
+        assert len(out.compatibilities) == iterations
+        assert out.compatibilities[0].shape == (self.batch_size, config.num_functions, n)
+        assert out.types[0].shape == (self.batch_size, n, config.type_dim)
+
+    def create_and_check_for_image_classification(self, config: NeuralInterpreterConfig) -> None:
+        model = NeuralInterpreterForImageClassification(config).eval()
+        out = model(**self.prepare_inputs(config))
+        assert out.logits.shape == (self.batch_size, config.num_labels)
+        assert out.loss.ndim == 0 and torch.isfinite(out.loss)
+
+    def create_and_check_for_set_regression(self, config: NeuralInterpreterConfig) -> None:
+        model = NeuralInterpreterForSetRegression(config).eval()
+        x = torch.rand(self.batch_size, config.num_input_variables)
+        y = torch.rand(self.batch_size, config.num_tasks)
+        out = model(inputs=x, labels=y)
+        assert out.predictions.shape == (self.batch_size, config.num_tasks)
+        assert torch.isfinite(out.loss)
+
+
+@pytest.fixture
+def tester() -> NeuralInterpreterModelTester:
+    torch.manual_seed(0)
+    return NeuralInterpreterModelTester()
+
+
+# --- shapes for every input kind ------------------------------------------------------------------
+
+
+def test_model_output_shapes(tester):
+    tester.create_and_check_model(tester.get_config())
+
+
+def test_image_classification_output_shapes(tester):
+    tester.create_and_check_for_image_classification(tester.get_config())
+
+
+def test_shared_task_tokens_and_head(tester):
+    config = tester.get_config(share_task_tokens=True)
+    tester.create_and_check_for_image_classification(config)
+    model = NeuralInterpreterForImageClassification(config)
+    assert model.neural_interpreter.task_tokens.shape[0] == 1 and len(model.classifier) == 1
+
+
+def test_set_regression_output_shapes(tester):
+    tester.create_and_check_for_set_regression(tester.get_config(use_relative_positional_bias=False))
+
+
+def test_images_and_patches_give_the_same_output(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterModel(config).eval()
+    images = torch.randn(2, config.num_channels, config.image_size, config.image_size)
+    from_images = model(pixel_values=images).last_hidden_state
+    from_patches = model(pixel_values=patchify(images, config.patch_size)).last_hidden_state
+    torch.testing.assert_close(from_images, from_patches)
+
+
+def test_patchify_layout_is_row_major_patches_of_row_col_channel():
+    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    patches = patchify(images, 2)
+    assert patches.shape == (2, 4, 12)
+    # patch 1 is the top-right one; its element (row 1, col 0, channel 2) is pixel (2, 1, 2) of the image
+    assert patches[0, 1, (1 * 2 + 0) * 3 + 2] == images[0, 2, 1, 2]
+
+
+def test_inputs_embeds_set_of_vectors(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterModel(config).eval()
+    out = model(inputs_embeds=torch.randn(2, 7, config.hidden_size), output_routing=True)
+    assert out.last_hidden_state.shape == (2, config.num_task_tokens + 7, config.hidden_size)
+    assert out.compatibilities[0].shape == (2, config.num_functions, config.num_task_tokens + 7)
+
+
+def test_paper_digits_preset_parameter_count():
+    """The reference's 643,059 minus its 14,808 unused weights = 628,251 (shared CLS token and head)."""
+    shared = NeuralInterpreterForImageClassification(
+        NeuralInterpreterConfig.from_paper("digits", share_task_tokens=True)
+    )
+    assert sum(p.numel() for p in shared.parameters()) == 628_251
+    assert sum(p.numel() for p in shared.parameters() if p.requires_grad) == 628_131  # signatures frozen
+    per_task = NeuralInterpreterForImageClassification(NeuralInterpreterConfig.from_paper("digits"))
+    # two more CLS tokens (2 x 192) and two more LayerNorm + Linear heads (2 x (384 + 1930))
+    assert sum(p.numel() for p in per_task.parameters()) == 628_251 + 2 * 192 + 2 * (384 + 1930)
+
+
+# --- attention: eager vs sdpa ------------------------------------------------------------------------
+
+
+def _attention_inputs(u=3, b=2, h=2, n=6, hd=4, dv=5, reject_all_for=1):
+    torch.manual_seed(1)
+    q, k = torch.randn(u, b, h, n, hd), torch.randn(u, b, h, n, hd)
+    v = torch.randn(u, b, h, n, dv)
+    c = torch.rand(u, b, n) * 0.9 + 0.1
+    c[0, 0, 2] = 0.0  # one rejected key
+    c[reject_all_for] = 0.0  # a function that accepts no token at all
+    bias = torch.randn(u, h, n, n)
+    return q, k, v, c, bias
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_sdpa_attention_matches_literal_formula(with_bias):
+    q, k, v, c, bias = _attention_inputs()
+    bias = bias if with_bias else None
+    eager = modulated_attention_eager(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    sdpa = modulated_attention_sdpa(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    assert torch.isfinite(sdpa).all()
+    gate = (c > 0)[:, :, None, :, None]  # rows where C_ui = 0 are discarded by the LOC (x + C * o)
+    torch.testing.assert_close(sdpa * gate, eager * gate, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_class", [NeuralInterpreterModel, NeuralInterpreterForImageClassification])
+def test_eager_and_sdpa_models_agree_on_outputs_and_gradients(tester, model_class):
+    config = tester.get_config(truncation_tau=0.9)  # sparse routing: many rejected pairs
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    inputs = tester.prepare_inputs(config)
+    if model_class is NeuralInterpreterModel:
+        inputs = {"pixel_values": inputs["pixel_values"]}
+    results = {}
+    for impl in ("eager", "sdpa"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        out = model(**inputs)
+        value = out.loss if out.get("loss") is not None else out.last_hidden_state.square().mean()
+        value.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[impl] = (out[1] if model_class is not NeuralInterpreterModel else out[0], grads)
+    torch.testing.assert_close(results["sdpa"][0], results["eager"][0], atol=1e-5, rtol=1e-5)
+    assert results["sdpa"][1].keys() == results["eager"][1].keys()
+    for name, grad in results["eager"][1].items():
+        torch.testing.assert_close(results["sdpa"][1][name], grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
+# --- LOC and routing properties ----------------------------------------------------------------------
+
+
+def test_loc_leaves_a_stream_unchanged_where_compatibility_is_zero(tester):
+    config = tester.get_config()
+    loc = NeuralInterpreterModel(config).scripts[0].locs[0].eval()  # initialised weights
+    u, b, n = config.num_functions, 2, config.num_task_tokens + config.num_patches
+    x = torch.randn(u, b, n, config.hidden_size)
+    c = torch.rand(u, b, n)
+    c[1, 0, 3] = 0.0
+    c[2] = 0.0
+    codes = torch.randn(u, config.code_dim)
+    for impl in ("eager", "sdpa"):
+        config._attn_implementation = impl
+        y = loc(x, c, codes, config.num_task_tokens)
+        torch.testing.assert_close(y[1, 0, 3], x[1, 0, 3], rtol=0, atol=0)
+        torch.testing.assert_close(y[2], x[2], rtol=0, atol=0)
+        assert not torch.allclose(y[0], x[0])
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_token_no_function_accepts_comes_out_zero_without_nan(tester, impl):
+    config = tester.get_config(truncation_tau=0.0)  # a distance is 0 only for a perfect type match
+    model = NeuralInterpreterForImageClassification(config)
+    model.set_attn_implementation(impl)
+    inputs = tester.prepare_inputs(config)
+    out = model(**inputs, output_routing=True, output_hidden_states=True)
+    assert all((c == 0).all() for c in out.compatibilities)
+    assert (out.hidden_states[1] == 0).all()  # no function accepts any token: y_i = 0
+    assert torch.isfinite(out.logits).all()
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_compatibilities_are_normalised_and_truncated(tester):
+    config = tester.get_config(truncation_tau=1.0)
+    model = NeuralInterpreterModel(config).eval()
+    out = model(**{"pixel_values": tester.prepare_inputs(config)["pixel_values"]}, output_routing=True)
+    script = model.scripts[0]
+    types = out.types[0]
+    distance = 1 - torch.einsum(
+        "bnt,ut->bun", types, torch.nn.functional.normalize(script.signatures, dim=-1)
+    )
+    c = out.compatibilities[0]
+    assert (c[distance > config.truncation_tau] == 0).all()
+    assert (c[distance <= config.truncation_tau] > 0).all()
+    sums = c.sum(1)
+    accepted = (distance <= config.truncation_tau).any(1)
+    torch.testing.assert_close(sums[accepted], torch.ones_like(sums[accepted]), atol=1e-5, rtol=0)
+
+
+def test_truncated_pairs_get_zero_gradient_unless_straight_through(tester):
+    for straight_through in (False, True):
+        config = tester.get_config(truncation_tau=0.5, straight_through=straight_through, kernel_eps=0.0)
+        script = NeuralInterpreterModel(config).scripts[0]
+        types = torch.nn.functional.normalize(torch.randn(2, 5, config.type_dim), dim=-1).requires_grad_()
+        c = script.compatibilities(types, None)
+        weights = torch.randn_like(c)
+        (c * weights).sum().backward()
+        fully_rejected = (c == 0).all(0)  # tokens no function accepts: every C~ truncated
+        if fully_rejected.any():
+            grad_rejected = types.grad[fully_rejected]
+            assert (grad_rejected == 0).all() != straight_through
+
+
+def test_patch_order_equivariance_without_positional_bias(tester):
+    config = tester.get_config(use_relative_positional_bias=False)
+    model = NeuralInterpreterModel(config).eval()
+    x = torch.randn(2, config.num_patches, config.patch_dim)
+    perm = torch.randperm(config.num_patches)
+    t = config.num_task_tokens
+    out = model(pixel_values=x).last_hidden_state
+    out_perm = model(pixel_values=x[:, perm]).last_hidden_state
+    torch.testing.assert_close(out_perm[:, t:], out[:, t:][:, perm], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_perm[:, :t], out[:, :t], atol=1e-5, rtol=1e-5)
+
+
+def test_positional_bias_breaks_patch_order_equivariance(tester):
+    config = tester.get_config(use_relative_positional_bias=True)
+    model = NeuralInterpreterModel(config).eval()
+    x = torch.randn(2, config.num_patches, config.patch_dim)
+    perm = torch.randperm(config.num_patches)
+    out = model(pixel_values=x).last_hidden_state[:, config.num_task_tokens :]
+    out_perm = model(pixel_values=x[:, perm]).last_hidden_state[:, config.num_task_tokens :]
+    assert not torch.allclose(out_perm, out[:, perm], atol=1e-4)
+
+
+def test_every_sample_sees_all_task_tokens(tester):
+    """A sample's logits for task 0 are the same whatever other samples' tasks are: task ids only pick heads."""
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    x = torch.randn(2, config.num_patches, config.patch_dim)
+    a = model(pixel_values=x, task_ids=torch.tensor([0, 0])).logits
+    b = model(pixel_values=x, task_ids=torch.tensor([0, 1])).logits
+    torch.testing.assert_close(a[0], b[0])
+    assert not torch.allclose(a[1], b[1])
+
+
+# --- training: gradients and freezing -------------------------------------------------------------------
+
+
+def test_gradients_reach_every_trainable_parameter_and_no_frozen_one(tester):
+    # With one last iteration, the last LOC's positional bias only moves patch outputs, which no loss reads.
+    config = tester.get_config(
+        freeze_signatures=True,
+        freeze_codes=False,
+        freeze_patch_embedding=True,
+        num_function_iterations=[2, 2],
+    )
+    model = NeuralInterpreterForImageClassification(config).train()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert any("signatures" in n for n in frozen) and any("patch_embedding" in n for n in frozen)
+    assert not any("codes" in n for n in frozen)
+    # every task's head must get a gradient: give each task a sample
+    inputs = tester.prepare_inputs(config)
+    model(**inputs).loss.backward()
+    for name, p in model.named_parameters():
+        if name in trainable:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None, name
+
+
+def test_set_regression_gradients_reach_every_parameter(tester):
+    config = tester.get_config(use_relative_positional_bias=False, freeze_signatures=False)
+    model = NeuralInterpreterForSetRegression(config).train()
+    out = model(inputs=torch.rand(4, config.num_input_variables), labels=torch.rand(4, config.num_tasks))
+    out.loss.backward()
+    unused = {"neural_interpreter.patch_embedding.weight", "neural_interpreter.patch_embedding.bias"}
+    for name, p in model.named_parameters():
+        if name not in unused:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).train()
+    inputs = tester.prepare_inputs(config)
+    model(**inputs).loss.backward()
+    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.activation_checkpointing_enable()  # formerly gradient_checkpointing_enable
+    model(**inputs).loss.backward()
+    for n, g in reference.items():
+        torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-5)
+
+
+# --- forward options ------------------------------------------------------------------------------------
+
+
+def test_fewer_function_iterations_run_and_change_the_output(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    inputs = tester.prepare_inputs(config)
+    full = model(**inputs, output_routing=True)
+    fewer = model(**inputs, num_function_iterations=[1, 1], output_routing=True)
+    assert len(fewer.compatibilities) == 2 and len(full.compatibilities) == 3
+    assert not torch.allclose(full.logits, fewer.logits)
+    same = model(**inputs, num_function_iterations=config.iterations_per_script)
+    torch.testing.assert_close(same.logits, full.logits)
+
+
+def test_disabled_functions_get_zero_compatibility_and_change_the_output(tester):
+    config = tester.get_config(truncation_tau=1.99)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    inputs = tester.prepare_inputs(config)
+    full = model(**inputs)
+    dropped = model(**inputs, disabled_functions=[1], output_routing=True)
+    assert all((c[:, 1] == 0).all() for c in dropped.compatibilities)
+    assert not torch.allclose(full.logits, dropped.logits)
+    per_script = model(**inputs, disabled_functions={0: [0, 2]}, output_routing=True)
+    assert (per_script.compatibilities[0][:, [0, 2]] == 0).all()
+    assert (per_script.compatibilities[2][:, 0] > 0).any()  # script 1 untouched
+
+
+def test_return_dict_false_gives_tuples(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    out = model(**tester.prepare_inputs(config), return_dict=False)
+    assert isinstance(out, tuple) and out[1].shape[-1] == config.num_labels
+
+
+def test_default_task_is_used_without_task_ids(tester):
+    config = tester.get_config(default_task=1)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    x = tester.prepare_inputs(config)["pixel_values"]
+    torch.testing.assert_close(
+        model(pixel_values=x).logits,
+        model(pixel_values=x, task_ids=torch.ones(x.shape[0], dtype=torch.long)).logits,
+    )
+
+
+def test_outer_residual_option_adds_the_input(tester):
+    config = tester.get_config(outer_residual=True, truncation_tau=0.0)
+    model = NeuralInterpreterModel(config).eval()
+    out = model(pixel_values=tester.prepare_inputs(config)["pixel_values"], output_hidden_states=True)
+    torch.testing.assert_close(out.hidden_states[1], out.hidden_states[0])  # nothing routed: y = x
+
+
+def test_training_reduces_the_loss(tester):
+    config = tester.get_config()
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    inputs = tester.prepare_inputs(NeuralInterpreterModelTester(batch_size=8).get_config())
+    inputs = NeuralInterpreterModelTester(batch_size=8).prepare_inputs(config)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    first = model(**inputs).loss.item()
+    for _ in range(30):
+        opt.zero_grad()
+        model(**inputs).loss.backward()
+        opt.step()
+    assert model(**inputs).loss.item() < 0.5 * first
+
+
+# --- errors -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"truncation_tau": 2.0}, "truncation_tau"),
+        ({"truncation_tau": -0.1}, "truncation_tau"),
+        ({"patch_size": 3}, "must divide"),
+        ({"hidden_size": 15}, "divisible"),
+        ({"num_functions": 0}, "num_functions"),
+        ({"num_function_iterations": [1]}, "num_function_iterations"),
+        ({"task_names": ["a", "a"]}, "task_names"),
+        ({"default_task": 5}, "default_task"),
+        ({"sigma_init": 0.0}, "sigma_init"),
+        ({"hidden_dropout_prob": 1.0}, "hidden_dropout_prob"),
+    ],
+)
+def test_bad_configs_raise_clear_errors(tester, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        tester.get_config(**overrides)
+
+
+def test_unknown_preset_names_the_known_ones():
+    with pytest.raises(ValueError, match="digits"):
+        NeuralInterpreterConfig.from_paper("imagenet")
+
+
+def test_bad_inputs_raise_clear_errors(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    good = tester.prepare_inputs(config)
+    with pytest.raises(ValueError, match="patches"):
+        model(pixel_values=torch.randn(2, 5, config.patch_dim))
+    with pytest.raises(ValueError, match="Images must have shape"):
+        model(pixel_values=torch.randn(2, 3, 7, 7))
+    with pytest.raises(ValueError, match="task_ids"):
+        model(pixel_values=good["pixel_values"], task_ids=torch.tensor([0, 1, 7]))
+    with pytest.raises(ValueError, match="task_ids"):
+        model(pixel_values=good["pixel_values"], task_ids=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="labels"):
+        model(pixel_values=good["pixel_values"], labels=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="disabled_functions"):
+        model(pixel_values=good["pixel_values"], disabled_functions=[9])
+    with pytest.raises(ValueError, match="num_function_iterations"):
+        model(pixel_values=good["pixel_values"], num_function_iterations=[1])
+    with pytest.raises(ValueError, match="exactly one"):
+        model.neural_interpreter()
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        model.neural_interpreter(inputs_embeds=torch.randn(2, 4, config.hidden_size + 1))
+
+
+def test_config_round_trips_through_dict(tester):
+    config = tester.get_config(num_function_iterations=[3, 1])
+    again = NeuralInterpreterConfig.from_dict(copy.deepcopy(config.to_dict()))
+    assert again.iterations_per_script == [3, 1] and again.task_names == ["a", "b"]
