@@ -471,3 +471,39 @@ def test_config_round_trips_through_dict(tester):
     config = tester.get_config(num_function_iterations=[3, 1])
     again = NeuralInterpreterConfig.from_dict(copy.deepcopy(config.to_dict()))
     assert again.iterations_per_script == [3, 1] and again.task_names == ["a", "b"]
+
+
+# --- adaptation: new tasks, new functions --------------------------------------------------------------
+
+
+def test_reset_tasks_gives_fresh_tokens_and_heads_and_reloads(tester, tmp_path):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    scripts_before = {k: v.clone() for k, v in model.state_dict().items() if "scripts" in k}
+    model.reset_tasks(["x", "y", "z"], num_labels=4)
+    assert model.neural_interpreter.task_tokens.shape == (3, config.hidden_size)
+    out = model(
+        pixel_values=torch.randn(2, config.num_patches, config.patch_dim), task_ids=torch.tensor([2, 0])
+    )
+    assert out.logits.shape == (2, 4)
+    for k, v in scripts_before.items():
+        torch.testing.assert_close(model.state_dict()[k], v)  # the functions are kept
+    model.save_pretrained(tmp_path)
+    again = NeuralInterpreterForImageClassification.from_pretrained(tmp_path).eval()
+    assert again.config.task_names == ["x", "y", "z"] and again.config.num_labels == 4
+    x = torch.randn(2, config.num_patches, config.patch_dim)
+    torch.testing.assert_close(again(pixel_values=x).logits, model(pixel_values=x).logits)
+
+
+def test_add_functions_extends_every_script_and_reloads(tester, tmp_path):
+    config = tester.get_config(truncation_tau=1.99)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    x = torch.randn(2, config.num_patches, config.patch_dim)
+    new = model.neural_interpreter.add_functions(2)
+    assert new == [3, 4] and model.config.num_functions == 5
+    out = model(pixel_values=x, output_routing=True)
+    assert out.compatibilities[0].shape[1] == 5 and (out.compatibilities[0][:, 3:] > 0).any()
+    model.save_pretrained(tmp_path)
+    again = NeuralInterpreterForImageClassification.from_pretrained(tmp_path).eval()
+    assert again.config.num_functions == 5
+    torch.testing.assert_close(again(pixel_values=x).logits, model(pixel_values=x).logits)

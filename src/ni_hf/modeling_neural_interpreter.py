@@ -160,17 +160,19 @@ class RelativePositionalBias(nn.Module):
         self.col_head_keys = nn.Linear(hd, heads, bias=False)
         self.row_function_keys = nn.Linear(config.code_dim, heads, bias=False)
         self.col_function_keys = nn.Linear(config.code_dim, heads, bias=False)
-        rows = torch.arange(g).repeat_interleave(g)
-        cols = torch.arange(g).repeat(g)
-        # Offsets key - query, shifted to table indices; row-major patch order.
-        self.register_buffer("row_index", rows[None, :] - rows[:, None] + g - 1, persistent=False)
-        self.register_buffer("col_index", cols[None, :] - cols[:, None] + g - 1, persistent=False)
 
     def forward(self, codes: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
         """(U, H, N, N) bias; zero for any pair that involves a task (CLS) token."""
+        g = self.grid_size
+        # Offsets key - query as table indices, row-major patch order. Built here rather than kept as buffers,
+        # which transformers' meta-device loading would leave uninitialised.
+        grid = torch.arange(g, device=codes.device)
+        rows, cols = grid.repeat_interleave(g), grid.repeat(g)
+        row_index = rows[None, :] - rows[:, None] + g - 1
+        col_index = cols[None, :] - cols[:, None] + g - 1
         row_table = self.row_head_keys(self.row_offset_embeddings)  # (2G-1, H)
         col_table = self.col_head_keys(self.col_offset_embeddings)
-        patch_bias = (row_table[self.row_index] + col_table[self.col_index]).permute(2, 0, 1)  # (H, P, P)
+        patch_bias = (row_table[row_index] + col_table[col_index]).permute(2, 0, 1)  # (H, P, P)
         function_bias = self.row_function_keys(codes) + self.col_function_keys(codes)  # (U, H)
         bias = patch_bias.unsqueeze(0) + function_bias[:, :, None, None]
         return F.pad(bias, (num_prefix_tokens, 0, num_prefix_tokens, 0))
@@ -378,6 +380,24 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
     # Trainer must not assume the model averages the loss over processes itself (see HF-NOTES.md).
     accepts_loss_kwargs = False
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """Load as transformers does, then re-freeze what the config freezes (loading makes every tensor trainable)."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        for module in model.modules():
+            if isinstance(module, NeuralInterpreterModel):
+                module.apply_freezing()
+        return loaded
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save as transformers does; a checkpoint with copied code also names the backbone for `AutoModel`."""
+        if self._auto_class is not None:
+            auto_map = dict(getattr(self.config, "auto_map", None) or {})
+            auto_map.setdefault("AutoModel", "modeling_neural_interpreter.NeuralInterpreterModel")
+            self.config.auto_map = auto_map
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """Signatures, codes, task tokens ~ N(0, 1); Linear weights: PyTorch's default or truncated normal."""
@@ -425,6 +445,29 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
 
     def get_input_embeddings(self) -> nn.Module:
         return self.patch_embedding
+
+    def reset_task_tokens(self, task_names: Sequence[str]) -> None:
+        """Replace the task (CLS) tokens by fresh N(0, 1) ones, one per new task (adaptation to new tasks)."""
+        self.config.task_names = list(task_names)
+        self.config.default_task = 0
+        self.config.validate_neural_interpreter()
+        num = 1 if self.config.share_task_tokens else len(task_names)
+        ref = self.task_tokens
+        self.task_tokens = nn.Parameter(torch.randn(num, ref.shape[1], device=ref.device, dtype=ref.dtype))
+
+    def add_functions(self, num_new: int) -> list[int]:
+        """Capacity extension: append `num_new` functions (fresh N(0, 1) signature and code) to every script."""
+        if num_new < 1:
+            raise ValueError(f"`num_new` must be >= 1, got {num_new}.")
+        old = self.config.num_functions
+        for script in self.scripts:
+            for name in ("signatures", "codes"):
+                param = getattr(script, name)
+                fresh = torch.randn(num_new, param.shape[1], device=param.device, dtype=param.dtype)
+                new = nn.Parameter(torch.cat([param.data, fresh]), requires_grad=param.requires_grad)
+                setattr(script, name, new)
+        self.config.num_functions = old + num_new
+        return list(range(old, old + num_new))
 
     def embed_task_tokens(self, batch_size: int) -> torch.Tensor:
         """(B, T, d): every task's CLS token, for every sample (one copy per task when they are shared)."""
@@ -591,6 +634,21 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps) for _ in range(num_heads)
         )
         self.post_init()
+
+    def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
+        """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
+        if num_labels is not None:
+            self.config.num_labels = self.num_labels = num_labels
+        self.neural_interpreter.reset_task_tokens(task_names)
+        num_heads = 1 if self.config.share_task_tokens else len(task_names)
+        device, dtype = self.neural_interpreter.task_tokens.device, self.neural_interpreter.task_tokens.dtype
+        heads = [
+            TaskHead(self.config.hidden_size, self.config.num_labels, self.config.layer_norm_eps)
+            for _ in range(num_heads)
+        ]
+        for head in heads:
+            nn.init.zeros_(head.linear.bias)
+        self.classifier = nn.ModuleList(heads).to(device=device, dtype=dtype)
 
     def forward(
         self,

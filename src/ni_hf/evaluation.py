@@ -1,0 +1,105 @@
+"""Evaluation helpers: the multi-task accuracy metric, offline.
+
+``evaluate.load("accuracy")`` fetches the metric script from the Hugging Face Hub.
+This package instead ships its own metric script inside the package
+(``ni_hf/metrics/multitask_accuracy/multitask_accuracy.py``) and loads it from
+there, which works without network access. ``evaluate`` copies the script into
+its module cache, ``$HF_HOME/modules/evaluate_modules`` (``HF_MODULES_CACHE``
+overrides it); note that ``evaluate`` reads these variables when it is first
+imported.
+
+Multi-process evaluation: ``transformers.Trainer`` gathers predictions, labels and
+inputs across processes (dropping the samples duplicated to pad the last batch)
+before it calls ``compute_metrics``, so a ``compute_metrics`` function built from
+these helpers computes on the complete evaluation set in every process and needs
+no distributed logic of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS_DIR = Path(__file__).resolve().parent / "metrics"
+MULTITASK_ACCURACY_DIR = METRICS_DIR / "multitask_accuracy"
+
+
+def multitask_accuracy_path() -> str:
+    """Return the folder of the bundled multi-task accuracy metric script."""
+    return str(MULTITASK_ACCURACY_DIR)
+
+
+def load_multitask_accuracy(**kwargs: Any) -> Any:
+    """Load the bundled multi-task accuracy metric with ``evaluate.load`` (offline)."""
+    import evaluate
+
+    return evaluate.load(multitask_accuracy_path(), **kwargs)
+
+
+def compute_multitask_accuracy(
+    predictions: Sequence[int] | np.ndarray,
+    references: Sequence[int] | np.ndarray,
+    task_ids: Sequence[int] | np.ndarray,
+    task_names: Sequence[str] | None = None,
+) -> dict[str, float]:
+    """Return ``accuracy`` and ``accuracy_<task>`` per task, computed with numpy."""
+    preds = np.asarray(predictions).reshape(-1)
+    refs = np.asarray(references).reshape(-1)
+    tids = np.asarray(task_ids).reshape(-1)
+    if not (len(preds) == len(refs) == len(tids)):
+        raise ValueError(
+            f"predictions, references and task_ids must have the same length, "
+            f"got {len(preds)}, {len(refs)} and {len(tids)}"
+        )
+    if len(tids) and tids.min() < 0:
+        raise ValueError(f"task_ids must be non-negative, got {int(tids.min())}")
+    correct = preds == refs
+    if task_names is not None:
+        names = [str(name) for name in task_names]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task_names must be unique, got {names}")
+        if len(tids) and tids.max() >= len(names):
+            raise ValueError(f"task id {int(tids.max())} has no name in task_names={names}")
+    else:
+        num_tasks = int(tids.max()) + 1 if len(tids) else 0
+        names = [f"task{i}" for i in range(num_tasks)]
+    results = {"accuracy": float(correct.mean()) if len(correct) else math.nan}
+    for task_id, name in enumerate(names):
+        mask = tids == task_id
+        results[f"accuracy_{name}"] = float(correct[mask].mean()) if mask.any() else math.nan
+    return results
+
+
+def make_compute_metrics(task_names: Sequence[str] | None = None) -> Callable[[Any], dict[str, float]]:
+    """Build a ``Trainer`` ``compute_metrics`` that reports overall and per-task accuracy.
+
+    The returned function expects ``EvalPrediction.label_ids`` to be the pair
+    ``(labels, task_ids)``, which the Trainer produces with
+    ``TrainingArguments(label_names=["labels", "task_ids"])``. Predictions may be
+    logits (argmax over the last axis is taken) or class ids; when the model returns
+    a tuple, its first element is used.
+    """
+    names = list(task_names) if task_names is not None else None
+
+    def compute_metrics(eval_pred: Any) -> dict[str, float]:
+        """Compute overall and per-task accuracy from a Trainer ``EvalPrediction``."""
+        predictions = eval_pred.predictions
+        if isinstance(predictions, (tuple, list)):
+            predictions = predictions[0]
+        predictions = np.asarray(predictions)
+        if predictions.ndim > 1:
+            predictions = predictions.argmax(axis=-1)
+        label_ids = eval_pred.label_ids
+        if not isinstance(label_ids, (tuple, list)) or len(label_ids) != 2:
+            raise ValueError(
+                "compute_metrics needs label_ids=(labels, task_ids); set "
+                'TrainingArguments(label_names=["labels", "task_ids"])'
+            )
+        labels, task_ids = label_ids
+        return compute_multitask_accuracy(predictions, labels, task_ids, names)
+
+    return compute_metrics

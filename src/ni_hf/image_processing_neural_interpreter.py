@@ -1,0 +1,363 @@
+"""Image processor for Neural Interpreters: resize, RGB, rescale, normalize and patchify to flat patch tokens.
+
+This module is self-contained (no imports of sibling modules) so that ``save_pretrained`` can copy it into a
+checkpoint folder and ``AutoImageProcessor.from_pretrained(..., trust_remote_code=True)`` can load it in a process
+where ``ni_hf`` is not installed.
+"""
+
+from typing import Any, TypeVar
+
+import numpy as np
+import PIL.Image
+from transformers.image_processing_backends import PilBackend
+from transformers.image_processing_base import BatchFeature
+from transformers.image_transforms import convert_to_rgb as _convert_pil_to_rgb
+from transformers.image_utils import (
+    ChannelDimension,
+    ImageInput,
+    PILImageResampling,
+    SizeDict,
+    is_valid_image,
+)
+from transformers.processing_utils import ImagesKwargs, Unpack
+from transformers.utils import TensorType, is_torch_tensor, logging
+
+logger = logging.get_logger(__name__)
+
+ArrayT = TypeVar("ArrayT")
+
+_CHANNEL_COUNTS = (1, 3, 4)
+_PIL_MODES_WITHOUT_CONVERSION = ("L", "RGB", "I", "I;16", "F")
+
+
+class NeuralInterpreterImageProcessorKwargs(ImagesKwargs, total=False):
+    """Extra keyword arguments of `NeuralInterpreterImageProcessor` (on top of `ImagesKwargs`).
+
+    do_patchify (`bool`, *optional*, defaults to `True`):
+        Whether to cut the processed images into flattened, non-overlapping square patches.
+    patch_size (`int`, *optional*, defaults to 4):
+        Side length (in pixels) of a square patch.
+    """
+
+    do_patchify: bool | None
+    patch_size: int | None
+
+
+def _permute(x: ArrayT, axes: tuple[int, ...]) -> ArrayT:
+    """Permute the axes of a numpy array or a torch tensor."""
+    if isinstance(x, np.ndarray):
+        return x.transpose(axes)
+    return x.permute(*axes)
+
+
+def _check_patch_size(patch_size: Any) -> int:
+    """Return `patch_size` if it is a positive integer, else raise a ValueError."""
+    if isinstance(patch_size, bool) or not isinstance(patch_size, (int, np.integer)) or patch_size <= 0:
+        raise ValueError(f"`patch_size` must be a positive integer, got {patch_size!r}.")
+    return int(patch_size)
+
+
+def patchify(pixel_values: ArrayT, patch_size: int) -> ArrayT:
+    """Cut `(..., C, H, W)` images into patches `(..., (H/p)*(W/p), p*p*C)`, laid out as `(p1 p2 c)`."""
+    patch_size = _check_patch_size(patch_size)
+    if pixel_values.ndim < 3:
+        raise ValueError(f"Expected images of shape (..., C, H, W), got shape {tuple(pixel_values.shape)}.")
+    *lead, channels, height, width = (int(s) for s in pixel_values.shape)
+    if height % patch_size or width % patch_size:
+        raise ValueError(
+            f"patch_size={patch_size} must divide the image height and width, got an image of size "
+            f"{height}x{width} (height x width). Resize the images (do_resize=True) to a multiple of patch_size."
+        )
+    grid_h, grid_w = height // patch_size, width // patch_size
+    n = len(lead)
+    x = pixel_values.reshape(*lead, channels, grid_h, patch_size, grid_w, patch_size)
+    # (..., c, h, p1, w, p2) -> (..., h, w, p1, p2, c)
+    x = _permute(x, (*range(n), n + 1, n + 3, n + 2, n + 4, n))
+    x = x.reshape(*lead, grid_h * grid_w, patch_size * patch_size * channels)
+    return np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x
+
+
+def unpatchify(patches: ArrayT, patch_size: int, height: int, width: int) -> ArrayT:
+    """Inverse of `patchify`: `(..., (H/p)*(W/p), p*p*C)` patches back to `(..., C, H, W)` images."""
+    patch_size = _check_patch_size(patch_size)
+    if patches.ndim < 2:
+        raise ValueError(
+            f"Expected patches of shape (..., num_patches, patch_dim), got shape {tuple(patches.shape)}."
+        )
+    if height % patch_size or width % patch_size:
+        raise ValueError(f"patch_size={patch_size} must divide height={height} and width={width}.")
+    *lead, num_patches, patch_dim = (int(s) for s in patches.shape)
+    grid_h, grid_w = height // patch_size, width // patch_size
+    if num_patches != grid_h * grid_w or patch_dim % (patch_size * patch_size):
+        raise ValueError(
+            f"Patches of shape {tuple(patches.shape)} do not match a {height}x{width} image with "
+            f"patch_size={patch_size} (expected {grid_h * grid_w} patches of size patch_size*patch_size*channels)."
+        )
+    channels = patch_dim // (patch_size * patch_size)
+    n = len(lead)
+    x = patches.reshape(*lead, grid_h, grid_w, patch_size, patch_size, channels)
+    # (..., h, w, p1, p2, c) -> (..., c, h, p1, w, p2)
+    x = _permute(x, (*range(n), n + 4, n, n + 2, n + 1, n + 3))
+    x = x.reshape(*lead, channels, height, width)
+    return np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x
+
+
+def _channel_axis(shape: tuple[int, ...], input_data_format: str | ChannelDimension | None) -> int:
+    """Return the channel axis (0 or 2) of a 3-D image array, inferring it when no format is given."""
+    if input_data_format is not None:
+        return 0 if ChannelDimension(input_data_format) == ChannelDimension.FIRST else 2
+    first_ok, last_ok = shape[0] in _CHANNEL_COUNTS, shape[-1] in _CHANNEL_COUNTS
+    if first_ok and last_ok:
+        # Ambiguous (e.g. (3, H, 3) or (4, W, 3)): prefer a gray/RGB axis over a 4-channel one, else channels-first.
+        return 2 if shape[0] == 4 and shape[-1] != 4 else 0
+    if first_ok:
+        return 0
+    if last_ok:
+        return 2
+    raise ValueError(
+        f"Unsupported image shape {shape}: expected 1 (gray) or 3 (RGB) channels on the first axis (C, H, W) or "
+        "the last axis (H, W, C). Pass `input_data_format` if the layout is ambiguous."
+    )
+
+
+def _array_to_rgb_chw(image: np.ndarray, input_data_format: str | ChannelDimension | None) -> np.ndarray:
+    """Turn a 2-D (H, W) or 3-D (C, H, W)/(H, W, C) gray or RGB array into a (3, H, W) array."""
+    if image.ndim == 2:
+        image = image[None]
+    elif image.ndim == 3:
+        image = np.moveaxis(image, _channel_axis(image.shape, input_data_format), 0)
+    else:
+        raise ValueError(
+            f"Expected each image to be 2-D (H, W) or 3-D (C, H, W) / (H, W, C), got an array of shape "
+            f"{image.shape} ({image.ndim}-D)."
+        )
+    channels = image.shape[0]
+    if channels == 4:
+        raise ValueError(
+            f"Got a 4-channel (RGBA-like) array/tensor of shape {image.shape}; there is no RGB conversion rule for "
+            "arrays. Pass a PIL image in mode 'RGBA' instead (e.g. PIL.Image.fromarray(array, 'RGBA')), which is "
+            "composited onto white, or drop the alpha channel (e.g. array[..., :3])."
+        )
+    if channels == 1:
+        image = np.repeat(image, 3, axis=0)
+    elif channels != 3:
+        raise ValueError(
+            f"Unsupported number of channels {channels} for an image of shape {image.shape}: expected 1 (gray) "
+            "or 3 (RGB) channels."
+        )
+    return np.ascontiguousarray(image)
+
+
+def _flatten_images(images: Any) -> list[Any]:
+    """Flatten a single image, a 4-D batch, or (nested) lists of images into a flat list of single images."""
+    if isinstance(images, (PIL.Image.Image, str)):
+        return [images]
+    if is_valid_image(images):
+        if images.ndim in (2, 3):
+            return [images]
+        if images.ndim == 4:
+            return list(images)
+        raise ValueError(
+            f"Expected an image of rank 2 (H, W) or 3 (C, H, W) / (H, W, C), or a rank-4 batch, got an array of "
+            f"shape {tuple(images.shape)} ({images.ndim}-D)."
+        )
+    if isinstance(images, (list, tuple)):
+        flat = [image for item in images for image in _flatten_images(item)]
+        if not flat:
+            raise ValueError("Expected at least one image, got an empty list of images.")
+        return flat
+    raise ValueError(
+        f"Unsupported image type {type(images).__name__}: expected a PIL.Image.Image, numpy.ndarray, "
+        "torch.Tensor, URL/path string, or a list of them."
+    )
+
+
+class NeuralInterpreterImageProcessor(PilBackend):
+    r"""Neural Interpreter image processor (PIL backend).
+
+    Resizes to `size` (default 32x32, bilinear), converts to RGB (gray is replicated to 3 channels, PIL modes such as
+    "P" or "RGBA" are converted, alpha being composited onto white), rescales by `rescale_factor` (1/255),
+    normalizes with `image_mean`/`image_std` (0.5 each) and, if `do_patchify`, flattens each image into
+    `pixel_values` of shape `(num_patches, patch_size * patch_size * 3)`: patches in row-major order over the grid,
+    each patch laid out as (row in patch, column in patch, channel), i.e. einops
+    `c (h p1) (w p2) -> (h w) (p1 p2 c)`. With `do_patchify=False`, `pixel_values` are `(3, H, W)` images.
+
+    Float inputs are interpreted on the same scale as uint8 (0..255) and are multiplied by `rescale_factor`; pass
+    `do_rescale=False` for float images already in [0, 1].
+    """
+
+    valid_kwargs = NeuralInterpreterImageProcessorKwargs
+    model_input_names = ["pixel_values"]
+
+    do_resize = True
+    size = {"height": 32, "width": 32}
+    resample = PILImageResampling.BILINEAR
+    do_rescale = True
+    rescale_factor = 1 / 255
+    do_normalize = True
+    image_mean = [0.5, 0.5, 0.5]
+    image_std = [0.5, 0.5, 0.5]
+    do_convert_rgb = True
+    do_patchify = True
+    patch_size = 4
+
+    def __init__(
+        self,
+        do_resize: bool | None = None,
+        size: dict[str, int] | int | None = None,
+        resample: PILImageResampling | int | None = None,
+        do_rescale: bool | None = None,
+        rescale_factor: float | None = None,
+        do_normalize: bool | None = None,
+        image_mean: float | list[float] | None = None,
+        image_std: float | list[float] | None = None,
+        do_convert_rgb: bool | None = None,
+        do_patchify: bool | None = None,
+        patch_size: int | None = None,
+        **kwargs: Unpack[NeuralInterpreterImageProcessorKwargs],
+    ) -> None:
+        """Build the processor; arguments left as None take the class defaults."""
+        explicit = {
+            "do_resize": do_resize,
+            "size": size,
+            "resample": resample,
+            "do_rescale": do_rescale,
+            "rescale_factor": rescale_factor,
+            "do_normalize": do_normalize,
+            "image_mean": image_mean,
+            "image_std": image_std,
+            "do_convert_rgb": do_convert_rgb,
+            "do_patchify": do_patchify,
+            "patch_size": patch_size,
+        }
+        kwargs.update({key: value for key, value in explicit.items() if value is not None})
+        super().__init__(**kwargs)
+        self._check_patch_config(self.do_resize, self.size, self.do_patchify, self.patch_size)
+
+    @staticmethod
+    def _check_patch_config(
+        do_resize: bool | None, size: SizeDict | None, do_patchify: bool | None, patch_size: Any
+    ) -> None:
+        """Raise a ValueError if the size/patch settings cannot produce a regular patch grid."""
+        if do_resize and (size is None or not size.height or not size.width):
+            raise ValueError(f"`size` must be a dict with 'height' and 'width' keys, got {size!r}.")
+        if not do_patchify:
+            return
+        patch_size = _check_patch_size(patch_size)
+        if do_resize and (size.height % patch_size or size.width % patch_size):
+            raise ValueError(
+                f"patch_size={patch_size} must divide the image size (height={size.height}, width={size.width})."
+            )
+
+    def _validate_preprocess_kwargs(self, **kwargs: Any) -> None:
+        """Validate the preprocessing kwargs, including the patch settings."""
+        super()._validate_preprocess_kwargs(**kwargs)
+        self._check_patch_config(
+            kwargs.get("do_resize"), kwargs.get("size"), kwargs.get("do_patchify"), kwargs.get("patch_size")
+        )
+
+    def _prepare_images_structure(self, images: ImageInput, expected_ndims: int = 3) -> list[Any]:
+        """Flatten the input into a list of single images, loading URLs/paths given as strings."""
+        return [
+            self.fetch_images(image) if isinstance(image, str) else image for image in _flatten_images(images)
+        ]
+
+    def process_image(
+        self,
+        image: ImageInput,
+        do_convert_rgb: bool | None = None,
+        input_data_format: str | ChannelDimension | None = None,
+        **kwargs: Any,
+    ) -> np.ndarray:
+        """Convert one PIL image, numpy array or torch tensor into a (3, H, W) numpy array."""
+        if isinstance(image, PIL.Image.Image):
+            if do_convert_rgb:
+                array = _convert_pil_to_rgb(image, return_numpy=True)
+            elif image.mode in _PIL_MODES_WITHOUT_CONVERSION:
+                array = np.array(image)
+            else:
+                raise ValueError(
+                    f"PIL image in mode {image.mode!r} cannot be used with do_convert_rgb=False; expected one of "
+                    f"{_PIL_MODES_WITHOUT_CONVERSION} or set do_convert_rgb=True."
+                )
+            return _array_to_rgb_chw(array, ChannelDimension.LAST)
+        if is_torch_tensor(image):
+            tensor = image.detach().cpu()
+            if tensor.is_floating_point() and tensor.dtype.itemsize < 4:
+                tensor = tensor.float()  # numpy has no bfloat16
+            image = tensor.numpy()
+        if not isinstance(image, np.ndarray):
+            raise ValueError(
+                f"Unsupported image type {type(image).__name__}: expected a PIL.Image.Image, numpy.ndarray or "
+                "torch.Tensor."
+            )
+        return _array_to_rgb_chw(image, input_data_format)
+
+    def resize(
+        self,
+        image: np.ndarray,
+        size: SizeDict,
+        resample: PILImageResampling | int | None = None,
+        reducing_gap: int | None = None,
+        **kwargs: Any,
+    ) -> np.ndarray:
+        """Resize a (C, H, W) image with PIL; uint8 images as RGB, other dtypes per channel in float32."""
+        if image.shape[-2:] == (size.height, size.width):
+            return image
+        if image.dtype == np.uint8:
+            return super().resize(image, size, resample=resample, reducing_gap=reducing_gap, **kwargs)
+        resample = PILImageResampling.BILINEAR if resample is None else resample
+        channels = [
+            np.asarray(
+                PIL.Image.fromarray(np.ascontiguousarray(channel, dtype=np.float32)).resize(
+                    (size.width, size.height), resample=resample, reducing_gap=reducing_gap
+                )
+            )
+            for channel in image
+        ]
+        return np.stack(channels, axis=0)
+
+    def _preprocess(
+        self,
+        images: list[np.ndarray],
+        do_rescale: bool,
+        return_tensors: str | TensorType | None,
+        do_patchify: bool | None = None,
+        patch_size: int | None = None,
+        **kwargs: Any,
+    ) -> BatchFeature:
+        """Resize, rescale and normalize each image, then optionally patchify; returns `pixel_values`."""
+        if do_rescale and any(
+            np.issubdtype(image.dtype, np.floating)
+            and image.size
+            and image.min() >= 0
+            and 0 < image.max() <= 1
+            for image in images
+        ):
+            logger.warning_once(
+                "It looks like you are rescaling float images already in [0, 1] (they are multiplied by "
+                "rescale_factor=1/255 like uint8 images). If so, pass do_rescale=False."
+            )
+        batch = super()._preprocess(images, do_rescale=do_rescale, return_tensors=None, **kwargs)
+        pixel_values = [np.asarray(image, dtype=np.float32) for image in batch["pixel_values"]]
+        if do_patchify:
+            pixel_values = [patchify(image, patch_size) for image in pixel_values]
+        return BatchFeature(data={"pixel_values": pixel_values}, tensor_type=return_tensors)
+
+    def patchify(self, pixel_values: ArrayT, patch_size: int | None = None) -> ArrayT:
+        """Patchify `(..., C, H, W)` images (numpy or torch) with `patch_size` (defaults to `self.patch_size`)."""
+        return patchify(pixel_values, self.patch_size if patch_size is None else patch_size)
+
+    def unpatchify(
+        self,
+        pixel_values: ArrayT,
+        size: dict[str, int] | None = None,
+        patch_size: int | None = None,
+    ) -> ArrayT:
+        """Turn patchified `pixel_values` (numpy or torch) back into `(..., C, H, W)` images of `size`."""
+        size = self.size if size is None else SizeDict(**size)
+        patch_size = self.patch_size if patch_size is None else patch_size
+        return unpatchify(pixel_values, patch_size, size.height, size.width)
+
+
+__all__ = ["NeuralInterpreterImageProcessor", "patchify", "unpatchify"]

@@ -1,0 +1,179 @@
+"""Checkpoints: safetensors round trips, Auto classes, pipeline, and remote code without the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModel,
+    AutoModelForImageClassification,
+    pipeline,
+)
+
+import ni_hf
+
+
+def tiny_config(**overrides) -> ni_hf.NeuralInterpreterConfig:
+    settings = dict(
+        hidden_size=16,
+        code_dim=8,
+        num_function_iterations=2,
+        num_functions=3,
+        num_attention_heads=2,
+        attention_head_size=4,
+        type_inference_hidden_size=8,
+        type_dim=4,
+        task_names=["mnist", "mnistm"],
+        num_labels=10,
+        id2label={i: str(i) for i in range(10)},
+    )
+    return ni_hf.NeuralInterpreterConfig(**{**settings, **overrides})
+
+
+def digit_image(seed: int = 0) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (28, 28), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A saved classifier + processor, and the logits the saving process computed on two images."""
+    path = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    model = ni_hf.NeuralInterpreterForImageClassification(tiny_config()).eval()
+    processor = ni_hf.NeuralInterpreterImageProcessor()
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    batch = processor(images=[digit_image(0), digit_image(1)], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch, task_ids=torch.tensor([0, 1])).logits
+    np.save(path / "expected_logits.npy", logits.numpy())
+    return path, model, batch, logits
+
+
+def test_checkpoint_holds_safetensors_config_code_and_processor(checkpoint):
+    path, *_ = checkpoint
+    files = set(os.listdir(path))
+    assert {"model.safetensors", "config.json", "preprocessor_config.json"} <= files
+    assert {"configuration_neural_interpreter.py", "modeling_neural_interpreter.py"} <= files
+    assert "image_processing_neural_interpreter.py" in files
+    assert not any(f.endswith(".bin") for f in files)
+    auto_map = json.loads((path / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoConfig"] == "configuration_neural_interpreter.NeuralInterpreterConfig"
+    assert auto_map["AutoModel"] == "modeling_neural_interpreter.NeuralInterpreterModel"
+    assert auto_map["AutoModelForImageClassification"].endswith("NeuralInterpreterForImageClassification")
+    processor_map = json.loads((path / "preprocessor_config.json").read_text())["auto_map"]
+    assert processor_map["AutoImageProcessor"].endswith("NeuralInterpreterImageProcessor")
+
+
+def test_save_and_load_give_identical_logits_through_auto_classes(checkpoint):
+    path, model, batch, logits = checkpoint
+    config = AutoConfig.from_pretrained(path)
+    assert isinstance(config, ni_hf.NeuralInterpreterConfig) and config.task_names == ["mnist", "mnistm"]
+    loaded = AutoModelForImageClassification.from_pretrained(path).eval()
+    assert isinstance(loaded, ni_hf.NeuralInterpreterForImageClassification)
+    with torch.no_grad():
+        again = loaded(**batch, task_ids=torch.tensor([0, 1])).logits
+    torch.testing.assert_close(again, logits, rtol=0, atol=0)
+    assert not loaded.neural_interpreter.scripts[0].signatures.requires_grad  # freezing survives loading
+
+
+def test_auto_model_loads_the_backbone_of_a_classifier_checkpoint(checkpoint):
+    path, model, batch, _ = checkpoint
+    backbone = AutoModel.from_pretrained(path).eval()
+    assert isinstance(backbone, ni_hf.NeuralInterpreterModel)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            backbone(pixel_values=batch["pixel_values"]).last_hidden_state,
+            model.neural_interpreter(pixel_values=batch["pixel_values"]).last_hidden_state,
+        )
+
+
+def test_auto_image_processor_round_trip(checkpoint):
+    path, _, batch, _ = checkpoint
+    processor = AutoImageProcessor.from_pretrained(path)
+    assert isinstance(processor, ni_hf.NeuralInterpreterImageProcessor)
+    again = processor(images=[digit_image(0), digit_image(1)], return_tensors="pt")
+    torch.testing.assert_close(again["pixel_values"], batch["pixel_values"])
+
+
+def test_pipeline_image_classification_after_import(checkpoint):
+    path, model, batch, logits = checkpoint
+    classify = pipeline("image-classification", model=str(path), trust_remote_code=True, top_k=3)
+    result = classify(digit_image(0))
+    assert len(result) == 3 and {"label", "score"} <= set(result[0])
+    expected = torch.softmax(logits[0], -1)  # pipeline uses the default task (0)
+    assert result[0]["label"] == str(int(expected.argmax()))
+    assert abs(result[0]["score"] - float(expected.max())) < 1e-5
+
+
+def test_set_regression_model_saves_and_reloads(tmp_path):
+    config = tiny_config(use_relative_positional_bias=False, task_names=["f0", "f1", "f2"], num_labels=1)
+    model = ni_hf.NeuralInterpreterForSetRegression(config).eval()
+    x = torch.rand(4, config.num_input_variables)
+    model.save_pretrained(tmp_path)
+    loaded = ni_hf.NeuralInterpreterForSetRegression.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(loaded(inputs=x).predictions, model(inputs=x).predictions, rtol=0, atol=0)
+
+
+REMOTE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["ni_hf"] = None  # importing the package must be impossible here
+    try:
+        import ni_hf  # noqa: F401
+        raise SystemExit("ni_hf was importable")
+    except ImportError:
+        pass
+    import numpy as np, torch
+    from PIL import Image
+    from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification, pipeline
+
+    path = sys.argv[1]
+    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    assert type(config).__module__.startswith("transformers_modules"), type(config).__module__
+    model = AutoModelForImageClassification.from_pretrained(path, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=True)
+    images = [Image.fromarray(np.random.default_rng(s).integers(0, 256, (28, 28), dtype=np.uint8)) for s in (0, 1)]
+    batch = processor(images=images, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch, task_ids=torch.tensor([0, 1])).logits
+    expected = torch.from_numpy(np.load(f"{path}/expected_logits.npy"))
+    torch.testing.assert_close(logits, expected, rtol=1e-6, atol=1e-6)
+    backbone = AutoModel.from_pretrained(path, trust_remote_code=True)
+    assert type(backbone).__name__ == "NeuralInterpreterModel"
+    result = pipeline("image-classification", model=path, trust_remote_code=True)(images[0])
+    assert result and "label" in result[0]
+    print("REMOTE_OK", sorted(k for k, v in sys.modules.items() if k.startswith("ni_hf") and v is not None))
+    """
+)
+
+
+def test_remote_code_loads_in_a_process_that_cannot_import_ni_hf(checkpoint, tmp_path):
+    path, *_ = checkpoint
+    env = {
+        **os.environ,
+        "PYTHONPATH": "",
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", REMOTE_SCRIPT, str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REMOTE_OK []" in proc.stdout

@@ -1,0 +1,277 @@
+"""Tests for the multi-task digits loaders (sklearn and local sources; Hub specs only, no network)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datasets import ClassLabel, Dataset, Features, Image
+from PIL import Image as PILImage
+
+from ni_hf.digits_data import (
+    DIGIT_CLASS_NAMES,
+    HUB_DATASETS,
+    LOCAL_FOLDER_NAMES,
+    PAPER_TASKS,
+    SKLEARN_TASK,
+    HubDatasetSpec,
+    canonical_task_name,
+    known_task_names,
+    load_digits_tasks,
+    load_task_split,
+)
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _write_parquet(
+    path: Path,
+    labels: list[int],
+    size: int,
+    mode: str,
+    image_column: str = "image",
+    label_column: str = "label",
+    label_names: list[str] | None = None,
+) -> None:
+    """Write a tiny Hub-layout Parquet file whose pixel (0, 0) encodes the row index."""
+    channels = 3 if mode == "RGB" else 1
+    images = []
+    for i in range(len(labels)):
+        array = np.zeros((size, size, channels) if channels == 3 else (size, size), dtype=np.uint8)
+        array[0, 0] = i
+        images.append(array)
+    features = Features(
+        {image_column: Image(), label_column: ClassLabel(names=label_names or DIGIT_CLASS_NAMES)}
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Dataset.from_dict({image_column: images, label_column: labels}, features=features).to_parquet(str(path))
+
+
+def _pixel_ids(ds: Dataset) -> list[int]:
+    """Return the row index encoded in pixel (0, 0) of every image."""
+    ids = []
+    for image in ds["image"]:
+        value = np.asarray(image)[0, 0]
+        ids.append(int(np.atleast_1d(value)[0]))
+    return ids
+
+
+@pytest.fixture
+def local_tree(tmp_path: Path) -> Path:
+    """A tiny data_dir with mnist (28x28 L) and mnist_m (32x32 RGB) in the Hub Parquet layout."""
+    root = tmp_path / "data"
+    _write_parquet(root / "mnist" / "train.parquet", [i % 10 for i in range(20)], 28, "L")
+    _write_parquet(root / "mnist" / "test.parquet", [(3 * i) % 10 for i in range(10)], 28, "L")
+    _write_parquet(root / "mnist_m" / "train.parquet", [(i + 5) % 10 for i in range(15)], 32, "RGB")
+    _write_parquet(root / "mnist_m" / "test.parquet", [(7 * i) % 10 for i in range(8)], 32, "RGB")
+    return root
+
+
+# --------------------------------------------------------------------------- specs and names
+
+
+def test_hub_specs_well_formed() -> None:
+    """Every Hub spec names a repo, its columns and train/test splits."""
+    assert set(PAPER_TASKS) <= set(HUB_DATASETS)
+    assert {"kmnist", "fashion_mnist"} <= set(HUB_DATASETS)
+    for task, spec in HUB_DATASETS.items():
+        assert isinstance(spec, HubDatasetSpec)
+        repo_id, config, image_column, label_column, splits, data_files = spec
+        owner, _, name = repo_id.partition("/")
+        assert owner and name and "/" not in name, task
+        assert config is None or (isinstance(config, str) and config), task
+        assert image_column == "image" and label_column == "label", task
+        assert set(splits) == {"train", "test"} and all(isinstance(s, str) for s in splits.values()), task
+        if data_files is not None:
+            assert set(data_files) <= set(splits), task
+            assert all(pattern.endswith(".parquet") for pattern in data_files.values()), task
+    assert HUB_DATASETS["mnist"].repo_id == "ylecun/mnist"
+    assert HUB_DATASETS["svhn"][:2] == ("ufldl-stanford/svhn", "cropped_digits")
+
+
+def test_task_names_and_errors() -> None:
+    """Aliases canonicalise; unknown tasks and sources fail before any download."""
+    assert canonical_task_name("mnist_m") == canonical_task_name("MNIST-M") == "mnistm"
+    assert canonical_task_name("Fashion-MNIST") == "fashion_mnist"
+    assert known_task_names("sklearn") == [SKLEARN_TASK]
+    assert set(known_task_names("local")) == set(LOCAL_FOLDER_NAMES)
+    with pytest.raises(ValueError, match="Unknown task.*known tasks.*mnist"):
+        load_digits_tasks(["mnist", "cifar10"])
+    with pytest.raises(ValueError, match="Unknown task"):
+        load_digits_tasks(["mnist"], source="sklearn")
+    with pytest.raises(ValueError, match="Unknown digits data source"):
+        load_digits_tasks(["mnist"], source="ftp")
+    with pytest.raises(ValueError, match="Duplicate"):
+        load_digits_tasks(["mnistm", "mnist_m"], source="local", data_dir="/nonexistent")
+    with pytest.raises(ValueError, match="needs data_dir"):
+        load_digits_tasks(["mnist"], source="local")
+    with pytest.raises(ValueError, match="Unknown split"):
+        load_task_split(SKLEARN_TASK, "validation", source="sklearn")
+
+
+# --------------------------------------------------------------------------- sklearn
+
+
+def test_sklearn_source_shapes_and_split() -> None:
+    """sklearn digits: 1797 images split 1437/360, 8x8 uint8 images, labels 0..9, stratified."""
+    dd, names = load_digits_tasks(["sklearn_digits"], source="sklearn")
+    assert names == [SKLEARN_TASK]
+    assert set(dd) == {"train", "test"}
+    assert (dd["train"].num_rows, dd["test"].num_rows) == (1437, 360)
+    assert dd["train"].column_names == ["image", "label", "task_id"]
+    assert isinstance(dd["train"].features["image"], Image)
+    assert dd["train"].features["label"].names == DIGIT_CLASS_NAMES
+    assert dd["train"].features["task_id"].names == [SKLEARN_TASK]
+    image = dd["train"][0]["image"]
+    assert image.size == (8, 8) and image.mode == "L"
+    pixels = np.stack([np.asarray(im) for im in dd["test"]["image"]])
+    assert pixels.dtype == np.uint8 and pixels.max() == 255 and pixels.min() == 0
+    for split in ("train", "test"):
+        labels = np.asarray(dd[split]["label"])
+        assert labels.min() == 0 and labels.max() == 9
+        assert set(np.asarray(dd[split]["task_id"]).tolist()) == {0}
+    test_counts = np.bincount(np.asarray(dd["test"]["label"]), minlength=10)
+    assert test_counts.min() >= 35 and test_counts.max() <= 37  # stratified: ~36 per class
+
+
+def test_sklearn_determinism_and_seed() -> None:
+    """Same seed gives the same data; another seed reshuffles train but keeps the test set."""
+    a, _ = load_digits_tasks(["digits"], source="sklearn", seed=1)
+    b, _ = load_digits_tasks(["sklearn"], source="sklearn", seed=1)
+    c, _ = load_digits_tasks([SKLEARN_TASK], source="sklearn", seed=2)
+    assert a["train"]["label"][:] == b["train"]["label"][:]
+    assert np.array_equal(np.asarray(a["train"][5]["image"]), np.asarray(b["train"][5]["image"]))
+    assert a["test"]["label"][:] == c["test"]["label"][:]
+    assert a["train"]["label"][:] != c["train"]["label"][:]
+    assert sorted(a["train"]["label"][:]) == sorted(c["train"]["label"][:])
+
+
+def test_sklearn_max_samples() -> None:
+    """max_*_samples cap each task's rows, deterministically."""
+    dd, _ = load_digits_tasks(["sklearn_digits"], source="sklearn", max_train_samples=50, max_eval_samples=20)
+    assert (dd["train"].num_rows, dd["test"].num_rows) == (50, 20)
+    again, _ = load_digits_tasks(
+        ["sklearn_digits"], source="sklearn", max_train_samples=50, max_eval_samples=20
+    )
+    assert dd["test"]["label"][:] == again["test"]["label"][:]
+    big, _ = load_digits_tasks(["sklearn_digits"], source="sklearn", max_train_samples=10**6)
+    assert big["train"].num_rows == 1437
+
+
+# --------------------------------------------------------------------------- local
+
+
+def test_local_source(local_tree: Path) -> None:
+    """Local Parquet tree: task ids, per-task counts, stable test order, shuffled train."""
+    dd, names = load_digits_tasks(["mnist", "mnist_m"], source="local", data_dir=str(local_tree), seed=3)
+    assert names == ["mnist", "mnistm"]
+    assert (dd["train"].num_rows, dd["test"].num_rows) == (35, 18)
+    assert dd["test"].features["task_id"].names == names
+    test_tasks = np.asarray(dd["test"]["task_id"])
+    assert test_tasks.tolist() == [0] * 10 + [1] * 8
+    assert dd["test"]["label"][:] == [(3 * i) % 10 for i in range(10)] + [(7 * i) % 10 for i in range(8)]
+    assert _pixel_ids(dd["test"]) == list(range(10)) + list(range(8))
+    train_tasks = np.asarray(dd["train"]["task_id"])
+    assert np.bincount(train_tasks).tolist() == [20, 15]
+    assert train_tasks.tolist() != sorted(train_tasks.tolist())  # shuffled across tasks
+    for row in dd["train"]:
+        expected_size = (28, 28) if row["task_id"] == 0 else (32, 32)
+        assert row["image"].size == expected_size
+        assert row["image"].mode == ("L" if row["task_id"] == 0 else "RGB")
+    # Label follows its image through the shuffle.
+    for row in dd["train"].select(range(10)):
+        i = int(np.atleast_1d(np.asarray(row["image"])[0, 0])[0])
+        assert row["label"] == (i % 10 if row["task_id"] == 0 else (i + 5) % 10)
+    again, _ = load_digits_tasks(["mnist", "mnistm"], source="local", data_dir=local_tree, seed=3)
+    assert again["train"]["label"][:] == dd["train"]["label"][:]
+    assert again["train"]["task_id"][:] == dd["train"]["task_id"][:]
+
+
+def test_local_max_samples_per_task(local_tree: Path) -> None:
+    """max_*_samples apply per task; the test subset keeps the original order."""
+    dd, _ = load_digits_tasks(
+        ["mnistm", "mnist"], source="local", data_dir=local_tree, max_train_samples=6, max_eval_samples=4
+    )
+    assert np.bincount(np.asarray(dd["train"]["task_id"])).tolist() == [6, 6]
+    assert np.asarray(dd["test"]["task_id"]).tolist() == [0] * 4 + [1] * 4
+    ids = _pixel_ids(dd["test"])
+    assert ids[:4] == sorted(ids[:4]) and ids[4:] == sorted(ids[4:])
+    assert len(set(ids[:4])) == 4
+
+
+def test_local_missing_folder_and_split(local_tree: Path) -> None:
+    """Missing task folders and splits say which path and layout were expected."""
+    with pytest.raises(FileNotFoundError, match=r"svhn.*train\.parquet"):
+        load_digits_tasks(["svhn"], source="local", data_dir=local_tree)
+    with pytest.raises(FileNotFoundError, match="not a known task"):
+        load_digits_tasks(["usps"], source="local", data_dir=local_tree)
+    (local_tree / "mnist" / "test.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match=r"No test split.*test\.parquet"):
+        load_digits_tasks(["mnist"], source="local", data_dir=local_tree)
+
+
+def test_local_column_variants_and_labels(tmp_path: Path) -> None:
+    """Other column names are normalised; SVHN-style label 10 becomes 0; bad labels fail."""
+    root = tmp_path / "data"
+    _write_parquet(
+        root / "svhn" / "train.parquet",
+        [10, 1, 2, 10],
+        32,
+        "RGB",
+        "img",
+        "labels",
+        [str(i) for i in range(11)],
+    )
+    _write_parquet(
+        root / "svhn" / "test.parquet", [3, 10], 32, "RGB", "img", "labels", [str(i) for i in range(11)]
+    )
+    dd, names = load_digits_tasks(["svhn"], source="local", data_dir=root)
+    assert names == ["svhn"]
+    assert dd["test"].column_names == ["image", "label", "task_id"]
+    assert dd["test"]["label"][:] == [3, 0]
+    assert sorted(dd["train"]["label"][:]) == [0, 0, 1, 2]
+    _write_parquet(root / "bad" / "train.parquet", [0, 10], 8, "L", label_names=[str(i) for i in range(11)])
+    _write_parquet(root / "bad" / "test.parquet", [0], 8, "L")
+    with pytest.raises(ValueError, match="expected 0..9"):
+        load_digits_tasks(["bad"], source="local", data_dir=root)
+
+
+def test_local_image_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Image folders <task>/<split>/<label>/*.png load, with folder names read as digits."""
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
+    root = tmp_path / "data"
+    for split, digits in (("train", (3, 7)), ("test", (7,))):
+        for digit in digits:
+            folder = root / "kmnist" / split / str(digit)
+            folder.mkdir(parents=True)
+            for k in range(2):
+                PILImage.fromarray(np.full((28, 28), 10 * digit + k, dtype=np.uint8)).save(
+                    folder / f"{k}.png"
+                )
+    dd, names = load_digits_tasks(["kmnist"], source="local", data_dir=root)
+    assert names == ["kmnist"]
+    assert sorted(dd["train"]["label"][:]) == [3, 3, 7, 7]
+    assert dd["test"]["label"][:] == [7, 7]
+    assert dd["train"][0]["image"].size == (28, 28)
+
+
+def test_shared_data_if_present() -> None:
+    """The real MNIST / MNIST-M copies under <repo>/../shared/data load (skipped when absent)."""
+    if not ((SHARED_DATA / "mnist" / "train.parquet").is_file() and (SHARED_DATA / "mnist_m").is_dir()):
+        pytest.skip(f"no shared digit data at {SHARED_DATA}")
+    start = time.perf_counter()
+    dd, names = load_digits_tasks(
+        ["mnist", "mnist_m"], source="local", data_dir=SHARED_DATA, max_train_samples=32, max_eval_samples=16
+    )
+    elapsed = time.perf_counter() - start
+    assert names == ["mnist", "mnistm"]
+    assert (dd["train"].num_rows, dd["test"].num_rows) == (64, 32)
+    sizes = {(row["task_id"], row["image"].size, row["image"].mode) for row in dd["test"]}
+    assert sizes == {(0, (28, 28), "L"), (1, (32, 32), "RGB")}
+    labels = np.asarray(dd["train"]["label"])
+    assert labels.min() >= 0 and labels.max() <= 9
+    assert elapsed < 30, f"loading took {elapsed:.1f} s"

@@ -1,0 +1,366 @@
+"""Tests for `NeuralInterpreterImageProcessor` (PIL backend, patchified pixel values)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from transformers import AutoImageProcessor, BatchFeature
+
+from ni_hf.configuration_neural_interpreter import NeuralInterpreterConfig
+from ni_hf.image_processing_neural_interpreter import NeuralInterpreterImageProcessor, patchify, unpatchify
+
+RNG = np.random.default_rng(0)
+RGB32 = RNG.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+GRAY32 = RNG.integers(0, 256, size=(32, 32), dtype=np.uint8)
+
+
+@pytest.fixture
+def processor() -> NeuralInterpreterImageProcessor:
+    """Processor with the default settings."""
+    return NeuralInterpreterImageProcessor()
+
+
+def reference_patchify(images: torch.Tensor, p: int) -> torch.Tensor:
+    """einops `b c (h p1) (w p2) -> b (h w) (p1 p2 c)` written with reshape/permute."""
+    b, c, h, w = images.shape
+    x = images.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)
+    return x.reshape(b, (h // p) * (w // p), p * p * c)
+
+
+def loop_patchify(image: np.ndarray, p: int) -> np.ndarray:
+    """Patchify a single (C, H, W) image element by element."""
+    c, h, w = image.shape
+    grid_w = w // p
+    out = np.zeros(((h // p) * grid_w, p * p * c), dtype=image.dtype)
+    for i in range(h // p):
+        for j in range(grid_w):
+            for r in range(p):
+                for s in range(p):
+                    for k in range(c):
+                        out[i * grid_w + j, (r * p + s) * c + k] = image[k, i * p + r, j * p + s]
+    return out
+
+
+def expected_chw(hwc_uint8: np.ndarray) -> np.ndarray:
+    """Default rescale + normalize of an already 32x32 uint8 HWC image, as (C, H, W)."""
+    return ((hwc_uint8.astype(np.float64) / 255 - 0.5) / 0.5).transpose(2, 0, 1).astype(np.float32)
+
+
+INPUTS = {
+    "pil_rgb": lambda: PIL.Image.fromarray(RGB32),
+    "pil_gray": lambda: PIL.Image.fromarray(GRAY32),
+    "pil_rgba": lambda: PIL.Image.fromarray(np.dstack([RGB32, np.full((32, 32), 128, np.uint8)]), "RGBA"),
+    "pil_palette": lambda: PIL.Image.fromarray(RGB32).convert("P"),
+    "pil_binary": lambda: PIL.Image.fromarray(GRAY32).convert("1"),
+    "np_hwc_uint8": lambda: RGB32,
+    "np_chw_uint8": lambda: RGB32.transpose(2, 0, 1),
+    "np_hwc_float": lambda: RGB32.astype(np.float32),
+    "np_chw_float64": lambda: RGB32.transpose(2, 0, 1).astype(np.float64),
+    "np_gray_2d": lambda: GRAY32,
+    "np_gray_hw1": lambda: GRAY32[..., None],
+    "np_gray_1hw": lambda: GRAY32[None],
+    "torch_chw_uint8": lambda: torch.from_numpy(RGB32).permute(2, 0, 1),
+    "torch_chw_float": lambda: torch.rand(3, 20, 28) * 255,
+    "torch_bfloat16": lambda: (torch.rand(3, 32, 32) * 255).to(torch.bfloat16),
+    "torch_gray_2d": lambda: torch.from_numpy(GRAY32),
+    "np_small_rgb": lambda: RNG.integers(0, 256, size=(7, 9, 3), dtype=np.uint8),
+    "pil_large": lambda: PIL.Image.fromarray(RNG.integers(0, 256, size=(100, 60, 3), dtype=np.uint8)),
+}
+
+
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_input_types_give_patch_tokens(processor: NeuralInterpreterImageProcessor, name: str) -> None:
+    """Every supported input kind yields (1, 64, 48) float32 patch tokens within the normalized range."""
+    out = processor(INPUTS[name](), return_tensors="pt")
+    assert isinstance(out, BatchFeature)
+    pixel_values = out["pixel_values"]
+    assert isinstance(pixel_values, torch.Tensor)
+    assert pixel_values.shape == (1, 64, 48)
+    assert pixel_values.dtype == torch.float32
+    assert torch.isfinite(pixel_values).all()
+    assert pixel_values.min() >= -1.0 - 1e-6 and pixel_values.max() <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("name", ["pil_gray", "np_gray_2d", "np_gray_hw1", "np_gray_1hw", "torch_gray_2d"])
+def test_gray_is_replicated_to_rgb(processor: NeuralInterpreterImageProcessor, name: str) -> None:
+    """Gray inputs become 3 identical channels, equal to the RGB image of the same gray values."""
+    out = processor(INPUTS[name](), return_tensors="pt")["pixel_values"]
+    per_channel = out.reshape(1, 64, 16, 3)
+    assert torch.equal(per_channel[..., 0], per_channel[..., 1])
+    assert torch.equal(per_channel[..., 0], per_channel[..., 2])
+    rgb = processor(np.repeat(GRAY32[..., None], 3, axis=-1), return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(out, rgb)
+
+
+def test_equivalent_inputs_give_identical_outputs(processor: NeuralInterpreterImageProcessor) -> None:
+    """PIL, numpy HWC/CHW, float and torch versions of one image agree exactly."""
+    reference = processor(PIL.Image.fromarray(RGB32), return_tensors="pt")["pixel_values"]
+    for name in ["np_hwc_uint8", "np_chw_uint8", "np_hwc_float", "np_chw_float64", "torch_chw_uint8"]:
+        torch.testing.assert_close(processor(INPUTS[name](), return_tensors="pt")["pixel_values"], reference)
+
+
+def test_batch_of_mixed_sizes_and_types(processor: NeuralInterpreterImageProcessor) -> None:
+    """A list mixing sizes, gray/RGB and input types is stacked into one batch."""
+    images = [
+        INPUTS[name]()
+        for name in ["pil_large", "np_small_rgb", "torch_gray_2d", "pil_palette", "np_hwc_float"]
+    ]
+    out = processor(images, return_tensors="pt")
+    assert out["pixel_values"].shape == (5, 64, 48)
+    assert out["pixel_values"].dtype == torch.float32
+    single = processor(images[1], return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(out["pixel_values"][1:2], single)
+
+
+def test_4d_batch_array(processor: NeuralInterpreterImageProcessor) -> None:
+    """A 4-D (B, H, W, C) array is treated as a batch of images."""
+    batch = np.stack([RGB32, RGB32[::-1]])
+    out = processor(batch, return_tensors="pt")["pixel_values"]
+    assert out.shape == (2, 64, 48)
+    torch.testing.assert_close(out[1:], processor(RGB32[::-1].copy(), return_tensors="pt")["pixel_values"])
+
+
+def test_return_tensors_none_gives_float32_numpy_list(processor: NeuralInterpreterImageProcessor) -> None:
+    """Without return_tensors the output is a list of float32 numpy arrays."""
+    out = processor([RGB32, GRAY32])["pixel_values"]
+    assert isinstance(out, list) and len(out) == 2
+    assert all(isinstance(x, np.ndarray) and x.shape == (64, 48) and x.dtype == np.float32 for x in out)
+
+
+def test_patch_layout_matches_einops_reference(processor: NeuralInterpreterImageProcessor) -> None:
+    """Patches are row-major over the grid and laid out (p1 p2 c) inside a patch."""
+    out = processor(RGB32, return_tensors="pt")["pixel_values"]
+    chw = expected_chw(RGB32)
+    expected = reference_patchify(torch.from_numpy(chw)[None], 4)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out[0], torch.from_numpy(loop_patchify(chw, 4)))
+    # Spot check: patch 1 is grid row 0, column 1; its first entry is channel 0 of pixel (0, 4).
+    assert out[0, 1, 0].item() == pytest.approx(chw[0, 0, 4])
+    # Patch 8 is grid row 1, column 0; entry (r=1, s=2, c=2) sits at (1 * 4 + 2) * 3 + 2 = 20.
+    assert out[0, 8, 20].item() == pytest.approx(chw[2, 4 + 1, 0 + 2])
+
+
+def test_patch_layout_non_square_and_other_patch_size() -> None:
+    """Layout also holds for a non-square size and patch size 8."""
+    proc = NeuralInterpreterImageProcessor(size={"height": 16, "width": 24}, patch_size=8)
+    image = RNG.integers(0, 256, size=(16, 24, 3), dtype=np.uint8)
+    out = proc(image, return_tensors="pt")["pixel_values"]
+    assert out.shape == (1, 6, 192)
+    torch.testing.assert_close(out[0], torch.from_numpy(loop_patchify(expected_chw(image), 8)))
+
+
+def test_do_patchify_false_gives_images(processor: NeuralInterpreterImageProcessor) -> None:
+    """With do_patchify=False pixel_values are (B, 3, H, W); patchifying them gives the default output."""
+    images = [RGB32, INPUTS["pil_large"]()]
+    plain = processor(images, do_patchify=False, return_tensors="pt")["pixel_values"]
+    assert plain.shape == (2, 3, 32, 32)
+    torch.testing.assert_close(plain[0], torch.from_numpy(expected_chw(RGB32)))
+    patches = processor(images, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(processor.patchify(plain), patches)
+    torch.testing.assert_close(processor.unpatchify(patches), plain)
+    plain_proc = NeuralInterpreterImageProcessor(do_patchify=False)
+    assert plain_proc(RGB32, return_tensors="pt")["pixel_values"].shape == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize(
+    "shape,patch", [((2, 3, 32, 32), 4), ((3, 8, 12), 2), ((1, 5, 16, 8), 8), ((4, 4), 2)]
+)
+def test_unpatchify_inverts_patchify(shape: tuple[int, ...], patch: int) -> None:
+    """unpatchify(patchify(x)) == x for numpy arrays and torch tensors."""
+    if len(shape) == 2:
+        with pytest.raises(ValueError, match="C, H, W"):
+            patchify(np.zeros(shape), patch)
+        return
+    x = RNG.standard_normal(shape).astype(np.float32)
+    h, w = shape[-2:]
+    np.testing.assert_array_equal(unpatchify(patchify(x, patch), patch, h, w), x)
+    t = torch.from_numpy(x)
+    torch.testing.assert_close(unpatchify(patchify(t, patch), patch, h, w), t, rtol=0, atol=0)
+    torch.testing.assert_close(patchify(t, patch), torch.from_numpy(patchify(x, patch)), rtol=0, atol=0)
+
+
+def test_normalization_maths() -> None:
+    """255 -> 1.0 and 0 -> -1.0 with the defaults; custom mean/std are applied per channel."""
+    proc = NeuralInterpreterImageProcessor()
+    white = proc(np.full((40, 30, 3), 255, np.uint8), return_tensors="pt")["pixel_values"]
+    assert torch.equal(white, torch.ones(1, 64, 48))
+    black = proc(PIL.Image.new("L", (10, 10), 0), return_tensors="pt")["pixel_values"]
+    assert torch.equal(black, -torch.ones(1, 64, 48))
+    transparent = proc(PIL.Image.new("RGBA", (32, 32), (0, 0, 0, 0)), return_tensors="pt")["pixel_values"]
+    assert torch.equal(transparent, torch.ones(1, 64, 48))  # alpha is composited onto white
+
+    custom = NeuralInterpreterImageProcessor(image_mean=[0.1, 0.2, 0.3], image_std=[0.5, 0.25, 2.0])
+    value = np.full((32, 32, 3), 51, np.uint8)  # 51 / 255 = 0.2
+    out = custom(value, return_tensors="pt")["pixel_values"].reshape(64, 16, 3)
+    expected = torch.tensor([(0.2 - 0.1) / 0.5, (0.2 - 0.2) / 0.25, (0.2 - 0.3) / 2.0])
+    torch.testing.assert_close(out, expected.expand(64, 16, 3))
+
+    raw = NeuralInterpreterImageProcessor(do_rescale=False, do_normalize=False, do_patchify=False)
+    assert torch.equal(raw(value, return_tensors="pt")["pixel_values"], torch.full((1, 3, 32, 32), 51.0))
+
+
+def test_float_inputs_in_unit_range_with_do_rescale_false(processor: NeuralInterpreterImageProcessor) -> None:
+    """Float images already in [0, 1] match the uint8 result when do_rescale=False."""
+    unit = torch.from_numpy(RGB32).permute(2, 0, 1).float() / 255
+    out = processor(unit, do_rescale=False, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(out, processor(RGB32, return_tensors="pt")["pixel_values"])
+
+
+def test_resize_float_close_to_uint8(processor: NeuralInterpreterImageProcessor) -> None:
+    """Float images are resized in float precision, close to the uint8 PIL resize."""
+    image = RNG.integers(0, 256, size=(64, 48, 3), dtype=np.uint8)
+    as_uint8 = processor(image, return_tensors="pt")["pixel_values"]
+    as_float = processor(image.astype(np.float32), return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(as_float, as_uint8, rtol=0, atol=2 / 255 * 2)
+    constant = processor(np.full((50, 70), 255.0), return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(constant, torch.ones(1, 64, 48))
+
+
+def test_call_time_overrides(processor: NeuralInterpreterImageProcessor) -> None:
+    """size and patch_size can be overridden per call."""
+    out = processor(RGB32, patch_size=8, return_tensors="pt")["pixel_values"]
+    assert out.shape == (1, 16, 192)
+    out = processor(RGB32, size={"height": 16, "width": 16}, return_tensors="pt")["pixel_values"]
+    assert out.shape == (1, 16, 48)
+    assert processor.patch_size == 4 and processor.size.height == 32
+
+
+def test_int_size_means_square() -> None:
+    """An int size is a square size."""
+    proc = NeuralInterpreterImageProcessor(size=16, patch_size=2)
+    assert proc(RGB32, return_tensors="pt")["pixel_values"].shape == (1, 64, 12)
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    """All attributes persist in preprocessor_config.json and outputs are identical after reloading."""
+    proc = NeuralInterpreterImageProcessor(
+        size={"height": 24, "width": 16},
+        patch_size=8,
+        do_patchify=False,
+        image_mean=[0.4, 0.5, 0.6],
+        image_std=[0.2, 0.3, 0.4],
+        resample=PIL.Image.Resampling.BICUBIC,
+    )
+    proc.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    assert saved["patch_size"] == 8 and saved["do_patchify"] is False
+    assert saved["size"] == {"height": 24, "width": 16}
+    assert saved["image_processor_type"] == "NeuralInterpreterImageProcessor"
+
+    loaded = NeuralInterpreterImageProcessor.from_pretrained(tmp_path)
+    assert loaded.to_dict() == proc.to_dict()
+    images = [INPUTS["pil_large"](), GRAY32]
+    torch.testing.assert_close(
+        loaded(images, return_tensors="pt")["pixel_values"], proc(images, return_tensors="pt")["pixel_values"]
+    )
+    patched = loaded(images, do_patchify=True, return_tensors="pt")["pixel_values"]
+    assert patched.shape == (2, 6, 192)
+
+
+def test_auto_image_processor_after_register(tmp_path: Path) -> None:
+    """AutoImageProcessor loads the processor once registered for NeuralInterpreterConfig."""
+    AutoImageProcessor.register(
+        NeuralInterpreterConfig,
+        image_processor_classes={"pil": NeuralInterpreterImageProcessor},
+        exist_ok=True,
+    )
+    NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(tmp_path)
+    loaded = AutoImageProcessor.from_pretrained(tmp_path)
+    assert type(loaded) is NeuralInterpreterImageProcessor
+    assert loaded.patch_size == 8
+
+
+def test_remote_code_load_in_fresh_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With register_for_auto_class the saved folder loads with trust_remote_code=True without ni_hf."""
+    monkeypatch.setattr(
+        NeuralInterpreterImageProcessor, "_auto_class", NeuralInterpreterImageProcessor._auto_class
+    )
+    NeuralInterpreterImageProcessor.register_for_auto_class("AutoImageProcessor")
+    save_dir = tmp_path / "ni_processor"
+    proc = NeuralInterpreterImageProcessor(patch_size=8)
+    proc.save_pretrained(save_dir)
+
+    saved = json.loads((save_dir / "preprocessor_config.json").read_text())
+    assert saved["auto_map"] == {
+        "AutoImageProcessor": "image_processing_neural_interpreter.NeuralInterpreterImageProcessor"
+    }
+    assert (save_dir / "image_processing_neural_interpreter.py").is_file()
+    expected = proc(RGB32, return_tensors="np")["pixel_values"]
+    np.save(tmp_path / "image.npy", RGB32)
+
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import numpy as np
+        from transformers import AutoImageProcessor
+
+        assert not any(p.rstrip("/").endswith("src") for p in sys.path if p), sys.path
+        proc = AutoImageProcessor.from_pretrained({str(save_dir)!r}, trust_remote_code=True)
+        assert "ni_hf" not in sys.modules
+        assert type(proc).__name__ == "NeuralInterpreterImageProcessor", type(proc)
+        assert type(proc).__module__.startswith("transformers_modules"), type(proc).__module__
+        out = proc(np.load("image.npy"), return_tensors="np")["pixel_values"]
+        np.save("out.npy", out)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH="", HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+
+
+@pytest.mark.parametrize(
+    "images,match",
+    [
+        ([], "empty list"),
+        ((), "empty list"),
+        (np.zeros((32, 32, 4), np.uint8), "4-channel.*PIL image in mode 'RGBA'.*drop the alpha"),
+        (np.zeros((4, 32, 32), np.float32), "4-channel"),
+        (torch.zeros(32, 32, 4), "4-channel"),
+        ([RGB32, np.zeros((32, 32, 4), np.uint8)], "4-channel"),
+        (np.zeros((32, 32, 2), np.uint8), "expected 1 \\(gray\\) or 3 \\(RGB\\) channels"),
+        (torch.zeros(5, 32, 32), "expected 1 \\(gray\\) or 3 \\(RGB\\) channels"),
+        (np.zeros(32, np.uint8), "rank 2 \\(H, W\\) or 3"),
+        (torch.zeros(1, 1, 3, 32, 32), "rank 2 \\(H, W\\) or 3"),
+        ([np.zeros(32, np.uint8)], "rank 2 \\(H, W\\) or 3"),
+        ([RGB32, 3], "Unsupported image type int"),
+    ],
+)
+def test_bad_inputs_raise(processor: NeuralInterpreterImageProcessor, images: object, match: str) -> None:
+    """Unsupported inputs give a ValueError saying what was expected."""
+    with pytest.raises(ValueError, match=match):
+        processor(images)
+
+
+def test_pil_needing_conversion_without_do_convert_rgb(processor: NeuralInterpreterImageProcessor) -> None:
+    """A palette PIL image needs do_convert_rgb=True; an RGB one does not."""
+    with pytest.raises(ValueError, match="mode 'P'.*do_convert_rgb=True"):
+        processor(INPUTS["pil_palette"](), do_convert_rgb=False)
+    out = processor(PIL.Image.fromarray(RGB32), do_convert_rgb=False, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(out, processor(RGB32, return_tensors="pt")["pixel_values"])
+
+
+def test_patch_size_must_divide_size(processor: NeuralInterpreterImageProcessor) -> None:
+    """patch_size not dividing the size is rejected at construction, at call time and in patchify."""
+    with pytest.raises(ValueError, match="patch_size=5 must divide"):
+        NeuralInterpreterImageProcessor(patch_size=5)
+    with pytest.raises(ValueError, match="patch_size=3 must divide"):
+        NeuralInterpreterImageProcessor(size={"height": 30, "width": 32}, patch_size=3)
+    with pytest.raises(ValueError, match="patch_size=5 must divide"):
+        processor(RGB32, patch_size=5)
+    with pytest.raises(ValueError, match="patch_size=4 must divide"):
+        processor(RNG.integers(0, 256, size=(30, 32, 3), dtype=np.uint8), do_resize=False)
+    with pytest.raises(ValueError, match="positive integer"):
+        NeuralInterpreterImageProcessor(patch_size=0)
+    # Without patchifying, any patch_size is accepted.
+    plain_proc = NeuralInterpreterImageProcessor(patch_size=5, do_patchify=False)
+    assert plain_proc(RGB32)["pixel_values"][0].shape == (3, 32, 32)
