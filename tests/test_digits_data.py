@@ -275,3 +275,42 @@ def test_shared_data_if_present() -> None:
     labels = np.asarray(dd["train"]["label"])
     assert labels.min() >= 0 and labels.max() <= 9
     assert elapsed < 30, f"loading took {elapsed:.1f} s"
+
+
+def test_hub_loading_path_with_fake_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hub source (no network): right repo/config/split per task, SVHN per-split files, column cleanup."""
+    import ni_hf.digits_data as digits_data
+
+    calls = []
+
+    def fake_load_dataset(path: str, name: str | None = None, *, split: str, data_files=None) -> Dataset:
+        """Stand in for datasets.load_dataset with a 3-row dataset carrying an extra column."""
+        calls.append((path, name, split, data_files))
+        features = Features({"image": Image(), "label": ClassLabel(names=DIGIT_CLASS_NAMES)})
+        images = [np.zeros((4, 4), dtype=np.uint8)] * 3
+        ds = Dataset.from_dict({"image": images, "label": [1, 2, 3]}, features=features)
+        return ds.add_column("extra", ["a", "b", "c"])
+
+    monkeypatch.setattr(digits_data, "load_dataset", fake_load_dataset)
+    dd, names = load_digits_tasks(["mnist", "svhn"], max_train_samples=2)
+    assert names == ["mnist", "svhn"]
+    assert dd["train"].column_names == ["image", "label", "task_id"]
+    assert (dd["train"].num_rows, dd["test"].num_rows) == (4, 6)
+    svhn = HUB_DATASETS["svhn"]
+    assert calls == [
+        ("ylecun/mnist", "mnist", "train", None),
+        ("ufldl-stanford/svhn", None, "train", {"train": svhn.data_files["train"]}),
+        ("ylecun/mnist", "mnist", "test", None),
+        ("ufldl-stanford/svhn", None, "test", {"test": svhn.data_files["test"]}),
+    ]
+
+    def no_files_then_config(path: str, name: str | None = None, *, split: str, data_files=None) -> Dataset:
+        """Fail like the Hub does when data_files match nothing, then defer to the fake."""
+        if data_files is not None:
+            raise FileNotFoundError("no files")
+        return fake_load_dataset(path, name, split=split)
+
+    calls.clear()
+    monkeypatch.setattr(digits_data, "load_dataset", no_files_then_config)
+    load_task_split("svhn", "test")
+    assert calls == [("ufldl-stanford/svhn", "cropped_digits", "test", None)]

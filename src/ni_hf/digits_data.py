@@ -382,6 +382,18 @@ def _load_local_split(
 # --------------------------------------------------------------------------- public API
 
 
+def _load_split(
+    task: str, split: str, source: str, data_dir: str | Path | None, max_samples: int | None, seed: int
+) -> tuple[Dataset, np.ndarray | None]:
+    """Load one normalised split; return it with the row indices still to select (None: keep all)."""
+    if source == "local":
+        if data_dir is None:
+            raise ValueError('source="local" needs data_dir (a folder holding <task>/train.parquet, ...)')
+        return _load_local_split(task, split, data_dir, max_samples, seed), None  # subsampled while reading
+    ds = _load_sklearn_split(task, split) if source == "sklearn" else _load_hub_split(task, split)
+    return ds, _subsample_indices(len(ds), max_samples, _split_seed(seed, task, split))
+
+
 def load_task_split(
     task: str,
     split: str,
@@ -395,12 +407,7 @@ def load_task_split(
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r}; expected one of {list(SPLITS)}")
     (task,) = _resolve_task_names([task], source)
-    if source == "local":
-        if data_dir is None:
-            raise ValueError('source="local" needs data_dir (a folder holding <task>/train.parquet, ...)')
-        return _load_local_split(task, split, data_dir, max_samples, seed)
-    ds = _load_sklearn_split(task, split) if source == "sklearn" else _load_hub_split(task, split)
-    idx = _subsample_indices(len(ds), max_samples, _split_seed(seed, task, split))
+    ds, idx = _load_split(task, split, source, data_dir, max_samples, seed)
     return ds if idx is None else ds.select(idx)
 
 
@@ -422,9 +429,10 @@ def load_digits_tasks(
     for split, max_samples in (("train", max_train_samples), ("test", max_eval_samples)):
         parts = []
         for task_id, task in enumerate(names):
-            ds = load_task_split(task, split, source, data_dir, max_samples, seed)
+            ds, idx = _load_split(task, split, source, data_dir, max_samples, seed)
+            # Add task_id before selecting rows: add_column on a selection would copy the selected images.
             ds = ds.add_column("task_id", np.full(len(ds), task_id, dtype=np.int64), feature=task_feature)
-            parts.append(ds)
+            parts.append(ds if idx is None else ds.select(idx))
         merged = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
         if split == "train":
             merged = merged.shuffle(seed=seed)
