@@ -119,19 +119,28 @@ class ModLin(nn.Module):
         return apply_function_weights(x, self.function_weights(codes), self.function_bias(codes.shape[0]))
 
 
-def apply_function_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Apply per-function weights (U, out, in) to x (U, B, N, in), or to x (B, N, in) shared by all functions."""
+def apply_function_weights(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, function_first: bool = True
+) -> torch.Tensor:
+    """Apply per-function weights (U, out, in) to x (U, B, N, in), or to x (B, N, in) shared by all functions.
+
+    Returns (U, B, N, out); with `function_first=False` and a shared x, the cheaper (B, N, U, out) view.
+    """
     num_functions, out_features, in_features = weight.shape
     if x.dim() == 3:
         # One matmul for all functions: the input is the same for every stream.
         flat_bias = None if bias is None else bias.reshape(-1)
         y = F.linear(x, weight.reshape(num_functions * out_features, in_features), flat_bias)
-        return y.unflatten(-1, (num_functions, out_features)).permute(2, 0, 1, 3)
+        y = y.unflatten(-1, (num_functions, out_features))
+        return y.permute(2, 0, 1, 3) if function_first else y
     u, b, n, _ = x.shape
-    y = torch.bmm(x.reshape(u, b * n, in_features), weight.transpose(1, 2))
-    if bias is not None:
-        y = y + bias.unsqueeze(1)
-    return y.view(u, b, n, out_features)
+    flat = x.reshape(u, b * n, in_features)
+    if bias is None:
+        y = torch.bmm(flat, weight.transpose(1, 2))
+    else:
+        y = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+    y = y.view(u, b, n, out_features)
+    return y if function_first else y.permute(1, 2, 0, 3)
 
 
 class ModMLP(nn.Module):
@@ -225,13 +234,25 @@ def modulated_attention_sdpa(
 
     The key compatibilities C_uj scale the values and ride along as one extra value column, so the
     normaliser of Eq. 6 comes out of the same kernel call: no log-compatibility mask, no -inf rows
-    (a function that accepts no token gives 0, not NaN), and the mask is only the (U, 1, H, N, N)
-    positional bias, never a per-sample (U, B, H, N, N) tensor. Dropout, if any, acts on A.
+    (a function that accepts no token gives 0, not NaN), and the only mask is the positional bias.
+    Functions are folded into the batch: (U * B, H, N, .). Dropout, if any, acts on A.
     """
+    u, b, h, n, _ = query.shape
     c_key = compatibilities[:, :, None, :, None]  # (U, B, 1, N, 1)
-    value = torch.cat([value * c_key, c_key.expand(*value.shape[:-1], 1)], dim=-1)
-    mask = None if position_bias is None else (position_bias * scale).unsqueeze(1).to(query.dtype)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale)
+    value = torch.cat([value * c_key, c_key.expand(u, b, h, n, 1)], dim=-1)
+    mask = None
+    if position_bias is not None:
+        mask = (
+            (position_bias * scale).to(query.dtype).unsqueeze(1).expand(u, b, h, n, n).reshape(u * b, h, n, n)
+        )
+    out = F.scaled_dot_product_attention(
+        query.reshape(u * b, h, n, -1),
+        key.reshape(u * b, h, n, -1),
+        value.reshape(u * b, h, n, -1),
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scale,
+    ).view(u, b, h, n, -1)
     return _gated_normalise(out[..., :-1], out[..., -1:], c_key, eps)
 
 
@@ -268,17 +289,17 @@ class LineOfCode(nn.Module):
         """x (B, N, d) shared by all streams or (U, B, N, d); compatibilities (U, B, N) -> (U, B, N, d)."""
         u = codes.shape[0]
         h = self.attention_norm(x)
-        # Fused q, k, v: one (batched) matmul with the per-function weights concatenated.
-        qkv_weight = torch.cat(
-            [m.function_weights(codes) for m in (self.query, self.key, self.value)], dim=1
-        )  # (U, 2*H*hd + d, d)
-        qkv_bias = F.pad(self.value.function_bias(u), (2 * self.qk_size, 0))
-        qkv = apply_function_weights(h, qkv_weight, qkv_bias)  # (U, B, N, 2*H*hd + d)
-        _, b, n, _ = qkv.shape
-        q, k, v = qkv.split([self.qk_size, self.qk_size, qkv.shape[-1] - 2 * self.qk_size], dim=-1)
-        q = q.view(u, b, n, self.num_heads, self.head_size).transpose(2, 3)
-        k = k.view(u, b, n, self.num_heads, self.head_size).transpose(2, 3)
-        v = v.view(u, b, n, self.num_heads, -1).transpose(2, 3)
+        b, n = h.shape[-3], h.shape[-2]
+
+        def heads(projection: ModLin) -> torch.Tensor:
+            """(U, B, H, N, .) contiguous: the one copy that head-major attention needs."""
+            y = apply_function_weights(
+                h, projection.function_weights(codes), projection.function_bias(u), False
+            )
+            return y.unflatten(-1, (self.num_heads, -1)).permute(2, 0, 3, 1, 4).contiguous()
+
+        # Separate q, k, v matmuls: a fused one is no faster, and the backward of its split costs a full copy.
+        q, k, v = heads(self.query), heads(self.key), heads(self.value)
 
         position_bias = None
         if self.position_bias is not None and num_prefix_tokens is not None:
@@ -296,10 +317,10 @@ class LineOfCode(nn.Module):
             eps=self.config.attention_eps,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
         )
-        attended = attended.transpose(2, 3).reshape(u, b, n, -1)
+        attended = attended.transpose(2, 3).reshape(u, b, n, -1)  # (U, B, N, d)
         gate = compatibilities.unsqueeze(-1)
-        a = x + gate * self.dropout(self.output(attended, codes))
-        return a + gate * self.dropout(self.mlp(self.mlp_norm(a), codes))
+        a = torch.addcmul(x, gate, self.dropout(self.output(attended, codes)))
+        return torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
 
 
 class TypeInference(nn.Module):
@@ -357,7 +378,7 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         streams = hidden_states  # every stream starts from the same x: kept unexpanded for the first LOC
         for loc in self.locs:
             streams = loc(streams, compatibilities, self.codes, num_prefix_tokens)
-        output = torch.einsum("ubn,ubnd->bnd", compatibilities, streams)
+        output = (compatibilities.unsqueeze(-1) * streams).sum(dim=0)
         if self.config.outer_residual:
             output = hidden_states + output
         return output, compatibilities, types
