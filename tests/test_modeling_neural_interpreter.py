@@ -157,8 +157,8 @@ def test_paper_digits_preset_parameter_count():
 
 def _attention_inputs(u=3, b=2, h=2, n=6, hd=4, dv=5, reject_all_for=1):
     torch.manual_seed(1)
-    q, k = torch.randn(u, b, h, n, hd), torch.randn(u, b, h, n, hd)
-    v = torch.randn(u, b, h, n, dv)
+    q, k = torch.randn(b, u, h, n, hd), torch.randn(b, u, h, n, hd)
+    v = torch.randn(b, u, h, n, dv)
     c = torch.rand(u, b, n) * 0.9 + 0.1
     c[0, 0, 2] = 0.0  # one rejected key
     c[reject_all_for] = 0.0  # a function that accepts no token at all
@@ -172,9 +172,10 @@ def test_sdpa_attention_matches_literal_formula(with_bias):
     bias = bias if with_bias else None
     eager = modulated_attention_eager(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
     sdpa = modulated_attention_sdpa(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
-    assert torch.isfinite(sdpa).all()
-    gate = (c > 0)[:, :, None, :, None]  # rows where C_ui = 0 are discarded by the LOC (x + C * o)
-    torch.testing.assert_close(sdpa * gate, eager * gate, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(sdpa).all() and torch.isfinite(eager).all()
+    torch.testing.assert_close(sdpa, eager, atol=1e-5, rtol=1e-5)
+    rejected = (c == 0).transpose(0, 1)[:, :, None, :]  # (B, U, 1, N): queries with C_ui = 0 get exactly 0
+    assert (sdpa[rejected.expand(-1, -1, sdpa.shape[2], -1)] == 0).all()
 
 
 @pytest.mark.parametrize("model_class", [NeuralInterpreterModel, NeuralInterpreterForImageClassification])

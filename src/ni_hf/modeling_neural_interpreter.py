@@ -206,12 +206,15 @@ def modulated_attention_eager(
     eps: float,
     dropout: float,
 ) -> torch.Tensor:
-    """Eq. 6 literally: W = A~ / (eps + sum_j A~), A~_ij = C_ui C_uj softmax_j((q.k + bias) * scale)."""
-    logits = query @ key.transpose(-1, -2)  # (U, B, H, N, N)
+    """Eq. 6 literally: W = A~ / (eps + sum_j A~), A~_ij = C_ui C_uj softmax_j((q.k + bias) * scale).
+
+    query/key/value are (B, U, H, N, .), compatibilities (U, B, N), position_bias (U, H, N, N).
+    """
+    logits = query @ key.transpose(-1, -2)  # (B, U, H, N, N)
     if position_bias is not None:
-        logits = logits + position_bias.unsqueeze(1)
+        logits = logits + position_bias
     probs = torch.softmax(logits * scale, dim=-1)
-    c = compatibilities.unsqueeze(2)  # (U, B, 1, N)
+    c = compatibilities.transpose(0, 1).unsqueeze(2)  # (B, U, 1, N)
     modulated = c.unsqueeze(-1) * c.unsqueeze(-2) * probs
     total = modulated.sum(dim=-1, keepdim=True)
     nonzero = eps + total > 0
@@ -235,24 +238,21 @@ def modulated_attention_sdpa(
     The key compatibilities C_uj scale the values and ride along as one extra value column, so the
     normaliser of Eq. 6 comes out of the same kernel call: no log-compatibility mask, no -inf rows
     (a function that accepts no token gives 0, not NaN), and the only mask is the positional bias.
-    Functions are folded into the batch: (U * B, H, N, .). Dropout, if any, acts on A.
+    Functions are folded into the heads, (B, U * H, N, .), so that bias (U * H, N, N) broadcasts over
+    the batch and is never materialised per sample. Dropout, if any, acts on A.
     """
-    u, b, h, n, _ = query.shape
-    c_key = compatibilities[:, :, None, :, None]  # (U, B, 1, N, 1)
-    value = torch.cat([value * c_key, c_key.expand(u, b, h, n, 1)], dim=-1)
-    mask = None
-    if position_bias is not None:
-        mask = (
-            (position_bias * scale).to(query.dtype).unsqueeze(1).expand(u, b, h, n, n).reshape(u * b, h, n, n)
-        )
+    b, u, h, n, _ = query.shape
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    value = torch.cat([value * c_key, c_key.expand(b, u, h, n, 1)], dim=-1)
+    mask = None if position_bias is None else (position_bias * scale).to(query.dtype).flatten(0, 1)
     out = F.scaled_dot_product_attention(
-        query.reshape(u * b, h, n, -1),
-        key.reshape(u * b, h, n, -1),
-        value.reshape(u * b, h, n, -1),
+        query.flatten(1, 2),
+        key.flatten(1, 2),
+        value.flatten(1, 2),
         attn_mask=mask,
         dropout_p=dropout,
         scale=scale,
-    ).view(u, b, h, n, -1)
+    ).unflatten(1, (u, h))
     return _gated_normalise(out[..., :-1], out[..., -1:], c_key, eps)
 
 
@@ -292,11 +292,11 @@ class LineOfCode(nn.Module):
         b, n = h.shape[-3], h.shape[-2]
 
         def heads(projection: ModLin) -> torch.Tensor:
-            """(U, B, H, N, .) contiguous: the one copy that head-major attention needs."""
+            """(B, U, H, N, .): a view of the matmul's (B, N, U, H, .) output when the input is shared."""
             y = apply_function_weights(
                 h, projection.function_weights(codes), projection.function_bias(u), False
             )
-            return y.unflatten(-1, (self.num_heads, -1)).permute(2, 0, 3, 1, 4).contiguous()
+            return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
         # Separate q, k, v matmuls: a fused one is no faster, and the backward of its split costs a full copy.
         q, k, v = heads(self.query), heads(self.key), heads(self.value)
@@ -317,7 +317,7 @@ class LineOfCode(nn.Module):
             eps=self.config.attention_eps,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
         )
-        attended = attended.transpose(2, 3).reshape(u, b, n, -1)  # (U, B, N, d)
+        attended = attended.permute(1, 0, 3, 2, 4).reshape(u, b, n, -1)  # (B, U, H, N, dv) -> (U, B, N, d)
         gate = compatibilities.unsqueeze(-1)
         a = torch.addcmul(x, gate, self.dropout(self.output(attended, codes)))
         return torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
