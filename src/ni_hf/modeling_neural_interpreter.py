@@ -745,7 +745,8 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, NeuralInterpreterForSetRegression):
-            init.normal_(module.input_position_embeddings)
+            # Learned positional embeddings as in GPT-2, which the paper cites for them: N(0, 0.02).
+            init.normal_(module.input_position_embeddings, std=0.02)
 
     def forward(
         self,

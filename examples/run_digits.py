@@ -1,0 +1,930 @@
+#!/usr/bin/env python
+"""Train a Neural Interpreter jointly on several digit datasets with the Hugging Face Trainer.
+
+The same command runs on one CPU, one GPU, or several GPUs / processes (the launcher decides)::
+
+    accelerate launch examples/run_digits.py --output_dir out --push_to_hub --hub_model_id me/ni-digits
+    python examples/run_digits.py --dataset_source sklearn --output_dir out/sklearn ...   # offline quickstart
+
+Data (``--dataset_source``):
+
+* ``hub`` (default): the paper's MNIST (``ylecun/mnist``), MNIST-M (``Mike0307/MNIST-M``) and SVHN
+  cropped digits (``ufldl-stanford/svhn``, config ``cropped_digits``) from the Hugging Face Hub;
+* ``local``: Parquet files or image folders under ``--data_dir`` (``<data_dir>/mnist/train.parquet``,
+  ``<data_dir>/mnist_m/test.parquet``, ... ; chosen automatically when ``--data_dir`` is given);
+* ``sklearn``: scikit-learn's bundled 8x8 digits (offline, one task ``sklearn_digits``).
+
+Every sample carries its task id; the model has one CLS token and one head per dataset. Images go through
+``NeuralInterpreterImageProcessor`` (resize to 32x32 RGB, normalize) in a dataset transform; RandAugment
+(kornia, batched) is applied to each training batch inside the training step, on the training device, and
+the model cuts the images into patches itself. Accuracy per dataset and overall comes from the package's
+``evaluate`` metric module (loaded by path, offline); the Trainer gathers predictions from all processes
+first, so every evaluation sample is counted once.
+
+Defaults follow the paper: the ``digits`` preset, RAdam, cosine decay without warm-up from 8e-4 to 1e-6,
+batch size 128 (per device), 100 epochs. Everything in ``output_dir`` is what a Hub repo should hold; with
+``--push_to_hub`` the folder is uploaded at the end with ``huggingface_hub`` (after everything was saved).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+import transformers
+from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
+
+import ni_hf
+from ni_hf import (
+    NeuralInterpreterConfig,
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterImageProcessor,
+)
+from ni_hf.augmentation import TIMM_RANDAUGMENT_POLICY, BatchRandAugment
+from ni_hf.configuration_neural_interpreter import PAPER_PRESETS
+from ni_hf.digits_data import (
+    DIGIT_CLASS_NAMES,
+    HUB_DATASETS,
+    LOCAL_FOLDER_NAMES,
+    PAPER_TASKS,
+    SKLEARN_TASK,
+    SOURCES,
+    load_digits_tasks,
+)
+from ni_hf.evaluation import load_multitask_accuracy
+from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TEMPLATE = REPO_ROOT / "model_cards" / "digits_template.md"
+PRETTY_NAMES = {
+    "mnist": "MNIST",
+    "mnistm": "MNIST-M",
+    "svhn": "SVHN (cropped digits)",
+    "kmnist": "Kuzushiji-MNIST",
+    "fashion_mnist": "Fashion-MNIST",
+    SKLEARN_TASK: "scikit-learn digits (8x8)",
+}
+# Config arguments the script sets from the data: they cannot be overridden.
+DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "id2label", "label2id")
+# Config fields that also exist as command-line options of their own (see ModelArguments).
+COMMON_CONFIG_FIELDS = (
+    "hidden_size",
+    "code_dim",
+    "num_scripts",
+    "num_function_iterations",
+    "num_loc_layers",
+    "num_functions",
+    "num_attention_heads",
+    "attention_head_size",
+    "type_inference_hidden_size",
+    "type_dim",
+    "truncation_tau",
+    "patch_size",
+    "share_task_tokens",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Arguments
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train: a preset of the paper, optionally changed from the command line."""
+
+    config_name: str = field(
+        default="digits",
+        metadata={
+            "help": "Preset of the paper's appendix tables to start from (the digits preset: hidden size 192, "
+            "5 functions, 8 function iterations, tau 1.4, frozen signatures, 4x4 patches).",
+            "choices": sorted(PAPER_PRESETS),
+        },
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "Override any NeuralInterpreterConfig setting of the preset, as a comma-separated list of "
+            'key=value pairs with JSON values, e.g. "num_functions=6,truncation_tau=1.2,initializer_range=null". '
+            "The options below (--hidden_size, ...) are applied after it. task_names and num_labels come from "
+            "the data."
+        },
+    )
+    hidden_size: int | None = field(
+        default=None, metadata={"help": "Dimension d of every token (preset: 192)."}
+    )
+    code_dim: int | None = field(
+        default=None, metadata={"help": "Dimension of each function's code (preset: 192)."}
+    )
+    num_scripts: int | None = field(default=None, metadata={"help": "Number of scripts (preset: 1)."})
+    num_function_iterations: int | None = field(
+        default=None, metadata={"help": "Function iterations per script (preset: 8)."}
+    )
+    num_loc_layers: int | None = field(
+        default=None, metadata={"help": "Lines of code per function (preset: 1)."}
+    )
+    num_functions: int | None = field(default=None, metadata={"help": "Functions per script (preset: 5)."})
+    num_attention_heads: int | None = field(
+        default=None, metadata={"help": "Attention heads per LOC (preset: 4)."}
+    )
+    attention_head_size: int | None = field(
+        default=None, metadata={"help": "Query/key features per attention head (preset: 128)."}
+    )
+    type_inference_hidden_size: int | None = field(
+        default=None, metadata={"help": "Width of the type-inference MLP (preset: 192)."}
+    )
+    type_dim: int | None = field(default=None, metadata={"help": "Dimension of the type space (preset: 24)."})
+    truncation_tau: float | None = field(
+        default=None,
+        metadata={"help": "Truncation threshold tau of the type-matching kernel, in [0, 2) (preset: 1.4)."},
+    )
+    patch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Patch side length in pixels; must divide the image size 32 (preset: 4, 64 patches)."
+        },
+    )
+    share_task_tokens: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Share one CLS token and head between all datasets (the reference code) instead of one each."
+        },
+    )
+    hidden_dropout_prob: float | None = field(
+        default=None, metadata={"help": "Dropout on LOC outputs (preset: 0)."}
+    )
+    attention_probs_dropout_prob: float | None = field(
+        default=None, metadata={"help": "Dropout on attention weights (preset: 0)."}
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Attention kernel: 'sdpa' (default, torch scaled_dot_product_attention) or 'eager' (literal Eq. 6).",
+            "choices": ["sdpa", "eager"],
+        },
+    )
+    model_card_template: str = field(
+        default=str(DEFAULT_TEMPLATE),
+        metadata={"help": "Jinja template of the model card written to <output_dir>/README.md."},
+    )
+
+
+@dataclass
+class DataArguments:
+    """Which datasets to train and evaluate on, and how to augment them."""
+
+    dataset_source: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where the data comes from: 'hub' (Hugging Face Hub: "
+            + ", ".join(
+                f"{task} = {spec.repo_id}" for task, spec in HUB_DATASETS.items() if task in PAPER_TASKS
+            )
+            + " (config cropped_digits)), 'local' (Parquet files or image folders under --data_dir) or 'sklearn' "
+            "(scikit-learn's bundled 8x8 digits, offline: one task, sklearn_digits, 1437 train / 360 test). "
+            "Default: 'local' if --data_dir is given, else 'hub'.",
+            "choices": list(SOURCES),
+        },
+    )
+    task_names: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Datasets to train on together, one CLS token and head each, in this order. Known: "
+            f"{', '.join(HUB_DATASETS)} (hub/local) and {SKLEARN_TASK} (sklearn). Default: the paper's "
+            f"{' '.join(PAPER_TASKS)} for the Hub; those of them found under --data_dir for 'local'; "
+            f"{SKLEARN_TASK} for 'sklearn'."
+        },
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder holding one sub-folder per dataset in the Hub Parquet layout, e.g. "
+            "<data_dir>/mnist/{train,test}.parquet and <data_dir>/mnist_m/{train,test}.parquet (columns image, "
+            "label), or image folders <data_dir>/<task>/{train,test}/<label>/*.png. Folder names: "
+            + "; ".join(f"{task}: {'/'.join(names)}" for task, names in LOCAL_FOLDER_NAMES.items())
+        },
+    )
+    max_train_samples: int | None = field(
+        default=None,
+        metadata={"help": "Use at most this many training samples per dataset (a seeded random subset)."},
+    )
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={"help": "Evaluate on at most this many test samples per dataset (a seeded random subset)."},
+    )
+    randaugment: bool = field(
+        default=True,
+        metadata={
+            "help": "Augment training batches with RandAugment (kornia, batched, on the training device). "
+            "Pass --randaugment false to switch it off."
+        },
+    )
+    randaugment_num_ops: int = field(
+        default=2, metadata={"help": "RandAugment: operations applied to each image (n)."}
+    )
+    randaugment_magnitude: float = field(
+        default=9.0,
+        metadata={
+            "help": "RandAugment magnitude m on timm's scale (0, 10): each operation at m/10 of its range "
+            "(timm's rand-m9)."
+        },
+    )
+    randaugment_operations: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "RandAugment: the operations to draw from (default: all of timm's: "
+            + " ".join(name for name, _, _ in TIMM_RANDAUGMENT_POLICY)
+            + ")."
+        },
+    )
+    randaugment_probability: float = field(
+        default=0.5,
+        metadata={"help": "RandAugment: probability that an image's drawn operation is applied (timm: 0.5)."},
+    )
+
+
+@dataclass
+class DigitsTrainingArguments(TrainingArguments):
+    """TrainingArguments with the paper's recipe as defaults (every field can still be set on the command line)."""
+
+    do_train: bool = field(
+        default=True, metadata={"help": "Train (default: true; --do_train false to only evaluate)."}
+    )
+    do_eval: bool = field(
+        default=True, metadata={"help": "Evaluate on the test sets after training (default: true)."}
+    )
+    radam: bool = field(
+        default=True,
+        metadata={
+            "help": "Optimize with torch.optim.RAdam (the paper's optimizer; uses --learning_rate, --adam_beta1, "
+            "--adam_beta2, --adam_epsilon, --weight_decay). --radam false uses the optimizer named by --optim."
+        },
+    )
+    learning_rate: float = field(default=8e-4, metadata={"help": "Peak learning rate (paper: 8e-4)."})
+    lr_scheduler_type: SchedulerType | str = field(
+        default="cosine_with_min_lr",
+        metadata={
+            "help": "Learning-rate schedule (paper: cosine decay to --lr_scheduler_kwargs min_lr, no warm-up)."
+        },
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default_factory=lambda: {"min_lr": 1e-6},
+        metadata={"help": "Extra scheduler arguments as JSON (paper: '{\"min_lr\": 1e-6}')."},
+    )
+    warmup_steps: float = field(default=0, metadata={"help": "Linear warm-up steps (paper: none)."})
+    per_device_train_batch_size: int = field(
+        default=128,
+        metadata={
+            "help": "Training batch size per process (paper: 128 in total; on N processes pass 128/N to keep it)."
+        },
+    )
+    per_device_eval_batch_size: int = field(
+        default=256, metadata={"help": "Evaluation batch size per process."}
+    )
+    num_train_epochs: float = field(default=100.0, metadata={"help": "Training epochs (paper: 100)."})
+    eval_strategy: IntervalStrategy | str = field(
+        default="epoch", metadata={"help": "When to evaluate during training: 'no', 'steps' or 'epoch'."}
+    )
+    save_strategy: SaveStrategy | str = field(
+        default="epoch", metadata={"help": "When to save a checkpoint: 'no', 'steps', 'epoch' or 'best'."}
+    )
+    save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
+    logging_steps: float = field(
+        default=50, metadata={"help": "Log the training loss every this many steps."}
+    )
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata={"help": "Must stay false: the images are preprocessed on the fly by a dataset transform."},
+    )
+    label_names: list[str] | None = field(
+        default_factory=lambda: ["labels", "task_ids"],
+        metadata={"help": "Inputs the metrics receive as labels: the class and the task id of every sample."},
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------------
+
+
+def _parse_value(text: str) -> Any:
+    """Parse one override value: JSON (numbers, true/false, null, lists), Python literals, else a string."""
+    text = text.strip()
+    python_literals = {"True": True, "False": False, "None": None}
+    if text in python_literals:
+        return python_literals[text]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
+    """Turn ``"key=value,key2=[1,2]"`` into a dict, checking every key is a NeuralInterpreterConfig argument."""
+    if not overrides or not overrides.strip():
+        return {}
+    valid = {
+        name
+        for name, parameter in inspect.signature(NeuralInterpreterConfig.__init__).parameters.items()
+        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    result: dict[str, Any] = {}
+    for item in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", overrides.strip()):
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: expected key=value, got {item!r} in {overrides!r}.")
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key in DATA_DEFINED_CONFIG_KEYS:
+            raise ValueError(f"--config_overrides: {key} is set from the data (use --task_names).")
+        if key not in valid:
+            raise ValueError(
+                f"--config_overrides: unknown setting {key!r}; NeuralInterpreterConfig accepts {sorted(valid)}."
+            )
+        result[key] = _parse_value(value)
+    return result
+
+
+def build_config(model_args: ModelArguments, task_names: list[str]) -> NeuralInterpreterConfig:
+    """The preset, then --config_overrides, then the individual options; task names and labels from the data."""
+    overrides = parse_config_overrides(model_args.config_overrides)
+    for name in COMMON_CONFIG_FIELDS:
+        value = getattr(model_args, name)
+        if value is not None:
+            if name in overrides and overrides[name] != value:
+                logger.warning(f"--{name}={value} replaces {name}={overrides[name]} of --config_overrides.")
+            overrides[name] = value
+    config = NeuralInterpreterConfig.from_paper(
+        model_args.config_name,
+        **overrides,
+        task_names=task_names,
+        num_labels=len(DIGIT_CLASS_NAMES),
+        id2label=dict(enumerate(DIGIT_CLASS_NAMES)),
+        label2id={name: i for i, name in enumerate(DIGIT_CLASS_NAMES)},
+    )
+    if model_args.attn_implementation is not None:
+        config._attn_implementation = model_args.attn_implementation
+    changed = {k: v for k, v in overrides.items() if PAPER_PRESETS[model_args.config_name].get(k) != v}
+    logger.info(f"Model config: preset {model_args.config_name!r} with changes {changed or 'none'}")
+    return config
+
+
+# --------------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------------
+
+
+def resolve_data_arguments(data_args: DataArguments) -> tuple[str, list[str]]:
+    """The data source and the task names to load, with the documented defaults filled in."""
+    source = data_args.dataset_source or ("local" if data_args.data_dir else "hub")
+    if data_args.task_names:
+        # Accept "--task_names mnist,mnistm" as well as "--task_names mnist mnistm".
+        names = [name for item in data_args.task_names for name in item.split(",") if name.strip()]
+        return source, names
+    if source == "sklearn":
+        return source, [SKLEARN_TASK]
+    if source == "local":
+        if data_args.data_dir is None:
+            raise ValueError("--dataset_source local needs --data_dir.")
+        root = Path(data_args.data_dir).expanduser()
+        found = [task for task in PAPER_TASKS if any((root / f).is_dir() for f in LOCAL_FOLDER_NAMES[task])]
+        if not found:
+            raise FileNotFoundError(
+                f"None of the paper's datasets ({', '.join(PAPER_TASKS)}) found under {root}; expected folders "
+                f"such as {root / 'mnist'} holding train.parquet and test.parquet, or pass --task_names."
+            )
+        missing = [task for task in PAPER_TASKS if task not in found]
+        if missing:
+            logger.warning(f"Not found under {root}, trained without: {', '.join(missing)}")
+        return source, found
+    return source, list(PAPER_TASKS)
+
+
+def make_transform(processor: NeuralInterpreterImageProcessor):
+    """Dataset transform: PIL images -> normalized (3, H, W) float arrays, labels and task ids."""
+
+    def transform(batch: dict[str, list[Any]]) -> dict[str, Any]:
+        pixel_values = processor(images=batch["image"], do_patchify=False)["pixel_values"]
+        return {
+            "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
+            "labels": [int(label) for label in batch["label"]],
+            "task_ids": [int(task_id) for task_id in batch["task_id"]],
+        }
+
+    return transform
+
+
+def select_randaugment_policy(names: list[str] | None) -> list[tuple[str, float, float]] | None:
+    """The RandAugment operations named on the command line (None: all of timm's)."""
+    if not names:
+        return None
+    names = [name for item in names for name in item.split(",") if name.strip()]
+    known = {entry[0]: entry for entry in TIMM_RANDAUGMENT_POLICY}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"--randaugment_operations: unknown {unknown}; choose from {list(known)}.")
+    return [known[name] for name in names]
+
+
+def task_sizes(dataset: datasets.Dataset, task_names: list[str]) -> list[int]:
+    """Number of rows of each task in a split."""
+    counts = np.bincount(np.asarray(dataset.with_format(None)["task_id"]), minlength=len(task_names))
+    return [int(c) for c in counts]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Metrics and Trainer
+# --------------------------------------------------------------------------------------------------------
+
+
+def make_compute_metrics(metric: Any, task_names: list[str]):
+    """compute_metrics for the Trainer: the evaluate metric per task and overall, plus per-task sample counts.
+
+    The Trainer calls it with the predictions of all processes gathered (and the samples that padded the
+    last batches dropped), so the counts prove that every evaluation sample was counted exactly once.
+    """
+
+    def compute_metrics(eval_pred: transformers.EvalPrediction) -> dict[str, float]:
+        logits = (
+            eval_pred.predictions[0] if isinstance(eval_pred.predictions, tuple) else eval_pred.predictions
+        )
+        predictions = np.asarray(logits).argmax(axis=-1)
+        labels, task_ids = (np.asarray(x).reshape(-1) for x in eval_pred.label_ids)
+        results = metric.compute(
+            predictions=predictions.tolist(),
+            references=labels.tolist(),
+            task_ids=task_ids.tolist(),
+            task_names=task_names,
+        )
+        results["num_samples"] = len(labels)
+        for task_id, name in enumerate(task_names):
+            results[f"num_samples_{name}"] = int((task_ids == task_id).sum())
+        return results
+
+    return compute_metrics
+
+
+class DigitsTrainer(Trainer):
+    """Trainer that applies a batched augmentation to the training inputs, on the training device."""
+
+    def __init__(self, *args: Any, augmentation: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.augmentation = augmentation
+
+    def training_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor | Any],
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """Augment ``pixel_values`` (RandAugment) once the batch is on the device, then train as usual."""
+        if self.augmentation is not None:
+            inputs = self._prepare_inputs(inputs)
+            with torch.no_grad():
+                inputs["pixel_values"] = self.augmentation(inputs["pixel_values"])
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Model card and Hub
+# --------------------------------------------------------------------------------------------------------
+
+
+def reconstruct_command(argv: list[str], world_size: int) -> tuple[str, str]:
+    """The command line of this run (as well as it can be known from inside) and a note on the launcher."""
+    script = Path(__file__).resolve()
+    try:
+        script_text = str(script.relative_to(Path.cwd()))
+    except ValueError:
+        script_text = str(script)
+    if world_size <= 1:
+        launcher, note = "python", "one process"
+    elif any(key.startswith("ACCELERATE_") for key in os.environ):
+        launcher, note = f"accelerate launch --num_processes {world_size}", f"{world_size} processes"
+    else:
+        launcher, note = f"torchrun --nproc_per_node {world_size}", f"{world_size} processes"
+    return (
+        f"{launcher} {script_text} {shlex.join(argv)}".strip(),
+        note + "; launcher reconstructed by the script",
+    )
+
+
+def write_model_card(
+    *,
+    output_dir: str,
+    model_name: str,
+    repo_id: str,
+    template: str,
+    config: NeuralInterpreterConfig,
+    model: torch.nn.Module,
+    source: str,
+    data_dir: str | None,
+    task_names: list[str],
+    train_counts: list[int] | None,
+    eval_counts: list[int] | None,
+    eval_metrics: dict[str, float],
+    train_metrics: dict[str, float],
+    training_args: DigitsTrainingArguments,
+    data_args: DataArguments,
+    argv: list[str],
+) -> Path:
+    """Render model_cards/digits_template.md with the measured numbers into <output_dir>/README.md."""
+    tasks = []
+    hub_ids = []
+    for i, name in enumerate(task_names):
+        spec = HUB_DATASETS.get(name)
+        if source == "hub" and spec is not None:
+            dataset_id, config_name, origin = spec.repo_id, spec.config, f"Hub: `{spec.repo_id}`"
+            hub_ids.append(spec.repo_id)
+        elif source == "sklearn":
+            dataset_id, config_name = name, None
+            origin = "scikit-learn `load_digits` (stratified 80/20 split, seed 0)"
+        else:
+            dataset_id, config_name, origin = name, None, f"local files under `{data_dir}`"
+        accuracy = eval_metrics.get(f"eval_accuracy_{name}")
+        tasks.append(
+            TaskCardInfo(
+                name=name,
+                dataset_id=dataset_id,
+                pretty_name=PRETTY_NAMES.get(name, name),
+                source=origin,
+                train_samples=train_counts[i] if train_counts else None,
+                eval_samples=int(eval_metrics[f"eval_num_samples_{name}"])
+                if f"eval_num_samples_{name}" in eval_metrics
+                else (eval_counts[i] if eval_counts else None),
+                accuracy=accuracy,
+                dataset_config=config_name,
+            )
+        )
+    world_size = training_args.world_size
+    command, launcher_note = reconstruct_command(argv, world_size)
+    mixed = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
+    hyperparameters = {
+        "optimizer": "RAdam (torch.optim.RAdam)"
+        if training_args.radam
+        else str(getattr(training_args.optim, "value", training_args.optim)),
+        "betas, epsilon": f"({training_args.adam_beta1}, {training_args.adam_beta2}), {training_args.adam_epsilon}",
+        "weight decay": training_args.weight_decay,
+        "learning rate": f"{training_args.learning_rate:g}",
+        "schedule": f"{getattr(training_args.lr_scheduler_type, 'value', training_args.lr_scheduler_type)} "
+        f"{training_args.lr_scheduler_kwargs or ''}, "
+        f"warm-up steps {training_args.warmup_steps}",
+        "batch size (global)": training_args.per_device_train_batch_size
+        * world_size
+        * training_args.gradient_accumulation_steps,
+        "epochs": f"{train_metrics.get('epoch', training_args.num_train_epochs):g}",
+        "optimizer steps": train_metrics.get("global_step", "-"),
+        "seed": training_args.seed,
+        "processes": world_size,
+        "mixed precision": mixed,
+    }
+    config_summary = {
+        key: getattr(config, key)
+        for key in (
+            "hidden_size",
+            "code_dim",
+            "num_scripts",
+            "num_function_iterations",
+            "num_loc_layers",
+            "num_functions",
+            "num_attention_heads",
+            "attention_head_size",
+            "type_inference_depth",
+            "type_inference_hidden_size",
+            "type_dim",
+            "truncation_tau",
+            "freeze_signatures",
+            "freeze_codes",
+            "image_size",
+            "patch_size",
+            "use_relative_positional_bias",
+            "share_task_tokens",
+        )
+    }
+    subsets = []
+    if data_args.max_eval_samples is not None:
+        subsets.append(
+            f"at most {data_args.max_eval_samples} test samples per dataset (a seeded random subset)"
+        )
+    eval_subset_note = (
+        f"Evaluated on {subsets[0]}, not the full test sets: the accuracies are estimates with a sampling error."
+        if subsets
+        else ""
+    )
+    recipe_note = _recipe_note(source, data_args, train_metrics, training_args)
+    extra = []
+    if source == "sklearn":
+        extra.append(
+            "scikit-learn's digits are 8x8 images upsampled to 32x32: a quick check of the pipeline, not a "
+            "benchmark; the model was not evaluated on any other digit data set."
+        )
+    runtime = train_metrics.get("train_runtime")
+    card = build_digits_model_card(
+        template_path=template,
+        model_name=model_name,
+        tasks=tasks,
+        overall_accuracy=eval_metrics.get("eval_accuracy"),
+        hub_datasets=hub_ids,
+        repo_id=repo_id,
+        config=config,
+        eval_samples_total=int(eval_metrics.get("eval_num_samples", 0)),
+        eval_subset_note=eval_subset_note,
+        randaugment=(
+            f"n={data_args.randaugment_num_ops}, m={data_args.randaugment_magnitude:g} on timm's 0-10 scale, "
+            f"each operation applied with probability {data_args.randaugment_probability:g}, drawn per image from "
+            + (", ".join(data_args.randaugment_operations or []) or "timm's 15 operations")
+            if data_args.randaugment
+            else None
+        ),
+        training_command=command,
+        launcher_note=launcher_note,
+        hyperparameters=hyperparameters,
+        config_summary=config_summary,
+        num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
+        num_trainable_parameters=f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}",
+        hardware=describe_hardware(str(training_args.device), world_size, mixed),
+        train_runtime=f"{runtime:.0f} s" if runtime is not None else "not trained in this run",
+        transformers_version=transformers.__version__,
+        ni_hf_version=ni_hf.__version__,
+        recipe_note=recipe_note,
+        extra_limitations=extra,
+    )
+    path = Path(output_dir) / "README.md"
+    card.save(path)
+    return path
+
+
+def _recipe_note(
+    source: str, data_args: DataArguments, train_metrics: dict[str, float], args: DigitsTrainingArguments
+) -> str:
+    """How this run differs from the paper's recipe, in one sentence."""
+    differences = []
+    if source == "sklearn":
+        differences.append("it trained on scikit-learn's 8x8 digits instead")
+    if data_args.max_train_samples is not None:
+        differences.append(f"it used at most {data_args.max_train_samples} training images per dataset")
+    epochs = train_metrics.get("epoch", args.num_train_epochs)
+    if epochs and epochs < 100:
+        differences.append(f"it trained for {epochs:g} epochs")
+    if not differences:
+        return "This run followed that recipe."
+    return "This run differs: " + "; ".join(differences) + ", so its accuracies are not the paper's."
+
+
+def push_output_dir(
+    output_dir: str, repo_id: str, token: str | None, private: bool | None, revision: str | None
+) -> str:
+    """Upload output_dir (without checkpoints) to the Hub with huggingface_hub; return the commit URL.
+
+    Trainer.push_to_hub would regenerate README.md with its own card, so the folder is uploaded as it is,
+    with the ignore patterns Trainer uses.
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo = api.create_repo(repo_id, private=private, exist_ok=True)
+    commit = api.upload_folder(
+        repo_id=repo.repo_id,
+        folder_path=output_dir,
+        commit_message="Neural Interpreter trained with examples/run_digits.py",
+        ignore_patterns=["_*", "checkpoint-*", "checkpoint-*/**"],
+        revision=revision,
+    )
+    return str(getattr(commit, "commit_url", commit))
+
+
+def explain_push_failure(error: BaseException, output_dir: str, repo_id: str) -> str:
+    """A message that says why the upload failed and how to upload the saved folder later."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if isinstance(error, OfflineModeIsEnabled):
+        reason = "HF_HUB_OFFLINE is set, so huggingface_hub refuses to contact the Hub"
+    else:
+        reason = f"the Hub could not be reached or refused the upload ({type(error).__name__}: {error})"
+    return (
+        f"--push_to_hub failed: {reason}. Everything was saved locally in {output_dir}. Upload it later from "
+        f"a machine with network access and a write token (`hf auth login`) with:\n"
+        f"    hf upload {repo_id} {output_dir} . --exclude 'checkpoint-*' --exclude '_*'"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------------------
+
+
+def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, DigitsTrainingArguments]:
+    """Parse the command line (or a single .json file of arguments) into the three dataclasses."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, DigitsTrainingArguments))
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def setup_logging(training_args: TrainingArguments) -> None:
+    """Log like the transformers examples: INFO on the main process, warnings on the others."""
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    if training_args.should_log:
+        transformers.utils.logging.set_verbosity_info()
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.enable_default_handler()
+    transformers.utils.logging.enable_explicit_format()
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Train and evaluate; return the final metrics (also in <output_dir>/all_results.json)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    model_args, data_args, training_args = parse_arguments(argv)
+    push_to_hub = training_args.push_to_hub
+    # The upload happens at the very end, after everything was saved locally: keep the Trainer from
+    # creating the repo at start-up and from regenerating README.md with its own card.
+    training_args.push_to_hub = False
+    setup_logging(training_args)
+
+    world_size = training_args.world_size
+    logger.warning(
+        f"Process {training_args.process_index} of world size {world_size}: device {training_args.device}, "
+        f"distributed {training_args.parallel_mode.value}, mixed precision "
+        f"{'bf16' if training_args.bf16 else 'fp16' if training_args.fp16 else 'no'}"
+    )
+    repo_id = training_args.hub_model_id or Path(training_args.output_dir).absolute().name
+    if push_to_hub:
+        from huggingface_hub.constants import HF_HUB_OFFLINE
+
+        if HF_HUB_OFFLINE:
+            logger.warning("HF_HUB_OFFLINE is set: --push_to_hub will fail after training (files are kept).")
+
+    set_seed(training_args.seed)
+    source, requested = resolve_data_arguments(data_args)
+    with training_args.main_process_first(desc="loading the datasets"):
+        raw, task_names = load_digits_tasks(
+            requested,
+            source=source,
+            data_dir=data_args.data_dir,
+            max_train_samples=data_args.max_train_samples,
+            max_eval_samples=data_args.max_eval_samples,
+            seed=training_args.seed,
+        )
+    train_counts = task_sizes(raw["train"], task_names)
+    eval_counts = task_sizes(raw["test"], task_names)
+    for name, n_train, n_eval in zip(task_names, train_counts, eval_counts, strict=True):
+        logger.info(f"Dataset {name!r} ({source}): {n_train} training samples, {n_eval} test samples")
+
+    config = build_config(model_args, task_names)
+    model = NeuralInterpreterForImageClassification(config)
+    num_params = sum(p.numel() for p in model.parameters())
+    num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info(
+        f"NeuralInterpreterForImageClassification: {num_params:,} parameters ({num_trainable:,} trainable)"
+    )
+    processor = NeuralInterpreterImageProcessor(
+        size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
+    )
+    raw["train"].set_transform(make_transform(processor))
+    raw["test"].set_transform(make_transform(processor))
+
+    augmentation = None
+    if data_args.randaugment and training_args.do_train:
+        augmentation = BatchRandAugment(
+            num_ops=data_args.randaugment_num_ops,
+            magnitude=data_args.randaugment_magnitude,
+            probability=data_args.randaugment_probability,
+            policy=select_randaugment_policy(data_args.randaugment_operations),
+            image_mean=processor.image_mean,
+            image_std=processor.image_std,
+            image_size=config.image_size,
+            patch_size=config.patch_size,
+        )
+        logger.info(
+            f"Training batches are augmented on {training_args.device}: RandAugment({augmentation.extra_repr()})"
+        )
+
+    with training_args.main_process_first(desc="loading the metric"):
+        metric = load_multitask_accuracy(keep_in_memory=True)
+
+    optimizer_cls_and_kwargs = None
+    if training_args.radam:
+        optimizer_cls_and_kwargs = (
+            torch.optim.RAdam,
+            {
+                "lr": training_args.learning_rate,
+                "betas": (training_args.adam_beta1, training_args.adam_beta2),
+                "eps": training_args.adam_epsilon,
+            },
+        )
+    trainer = DigitsTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=raw["train"] if training_args.do_train else None,
+        eval_dataset=raw["test"] if training_args.do_eval else None,
+        processing_class=processor,
+        compute_metrics=make_compute_metrics(metric, task_names),
+        optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+        augmentation=augmentation,
+    )
+
+    train_metrics: dict[str, float] = {}
+    if training_args.do_train:
+        checkpoint = training_args.resume_from_checkpoint
+        if checkpoint is not None and checkpoint.lower() in ("true", "last", "latest"):
+            checkpoint = True  # the last checkpoint in output_dir
+        if checkpoint:
+            logger.info(
+                f"Resuming from checkpoint {checkpoint if checkpoint is not True else '(last in output_dir)'}"
+            )
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()  # model.safetensors, config.json (auto_map), code files, preprocessor_config.json
+        train_metrics = dict(train_result.metrics)
+        train_metrics["train_samples"] = len(raw["train"])
+        train_metrics["world_size"] = world_size
+        train_metrics["global_step"] = trainer.state.global_step
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
+        trainer.save_state()
+    elif training_args.should_save:
+        trainer.save_model()
+
+    eval_metrics: dict[str, float] = {}
+    if training_args.do_eval:
+        eval_metrics = trainer.evaluate()
+        eval_metrics["eval_samples"] = len(raw["test"])
+        eval_metrics["eval_world_size"] = world_size
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        for name in task_names:
+            accuracy = eval_metrics.get(f"eval_accuracy_{name}", math.nan)
+            counted = int(eval_metrics.get(f"eval_num_samples_{name}", 0))
+            logger.info(f"Test accuracy {name}: {100 * accuracy:.2f}% ({counted} samples)")
+        logger.info(
+            f"Test accuracy overall: {100 * eval_metrics.get('eval_accuracy', math.nan):.2f}% "
+            f"({int(eval_metrics.get('eval_num_samples', 0))} samples)"
+        )
+
+    if trainer.is_world_process_zero():
+        card_path = write_model_card(
+            output_dir=training_args.output_dir,
+            model_name=repo_id.split("/")[-1],
+            repo_id=repo_id,
+            template=model_args.model_card_template,
+            config=config,
+            model=model,
+            source=source,
+            data_dir=data_args.data_dir,
+            task_names=task_names,
+            train_counts=train_counts,
+            eval_counts=eval_counts,
+            eval_metrics=eval_metrics,
+            train_metrics=train_metrics,
+            training_args=training_args,
+            data_args=data_args,
+            argv=argv,
+        )
+        logger.info(
+            f"Model card written to {card_path}; the model, code and processor are in {training_args.output_dir}"
+        )
+    trainer.accelerator.wait_for_everyone()
+
+    results = {**train_metrics, **eval_metrics}
+    if push_to_hub and trainer.is_world_process_zero():
+        logger.info(f"Uploading {training_args.output_dir} to the Hub repo {repo_id}")
+        try:
+            url = push_output_dir(
+                training_args.output_dir,
+                repo_id,
+                token=training_args.hub_token,
+                private=training_args.hub_private_repo,
+                revision=training_args.hub_revision,
+            )
+        except Exception as error:  # noqa: BLE001 - any failure gets the same explanation
+            logger.error(explain_push_failure(error, training_args.output_dir, repo_id))
+            trainer.end()
+            raise SystemExit(1) from error
+        logger.info(f"Pushed to {url}")
+    trainer.end()
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,837 @@
+#!/usr/bin/env python
+"""Fuzzy Boolean expressions with Neural Interpreters: pre-training and adaptation (paper Table 1).
+
+Rahaman et al., "Dynamic Inference with Neural Interpreters" (NeurIPS 2021), section 4.1 and appendix
+"Learning Fuzzy Boolean Expressions". A Neural Interpreter (the paper's ``fuzzy_boolean`` preset) is pre-trained
+to regress 20 random fuzzy Boolean functions of 5 variables at once (one CLS token per function, shared regression
+head), then adapted to 10 new functions with 10 fresh CLS tokens in three settings, each starting from the same
+pre-trained checkpoint:
+
+* ``cls_tokens``: only the new CLS tokens are trained;
+* ``type_inference``: + the type-inference MLPs and the function signatures of every script (type matching);
+* ``all``: + all remaining parameters (the whole model).
+
+Reported metric: the coefficient of determination R^2 = 1 - SSE/SST of every function on its test split, as mean
+and (population) standard deviation over the functions, beside the paper's values.
+
+Protocols (``--protocol``): ``full`` is the paper's (163840 points per function, 80/20 split, batch 128, 20 + 3
+epochs, RAdam 6e-3 / 5e-2, constant learning rate); ``reduced`` keeps the paper's epochs on a tenth of its points
+(16384 per function), which ends in well under an hour on 2 CPU cores; ``quick`` is a smoke test of a few seconds.
+Individual sizes can be overridden (``--points_per_function``, ``--pretrain_epochs``, ...).
+
+The data are small dense tensors: they are kept in memory and served as whole batches (one tensor index per batch,
+no per-sample indexing or collation), so the Trainer loop costs little beyond the model's own arithmetic; the script
+measures that overhead (Trainer step vs a bare forward + backward + optimizer step) and records it in the results.
+
+Outputs in ``--output_dir``: ``pretrain/`` (the pre-trained checkpoint), ``adapt-<setting>/`` (adapted models),
+``fuzzy_boolean_results.json`` and ``fuzzy_boolean_results.md``.
+
+Examples::
+
+    python examples/run_fuzzy_boolean.py --protocol quick --output_dir /tmp/fb-quick
+    python examples/run_fuzzy_boolean.py --protocol reduced --output_dir runs/fb-reduced
+    python examples/run_fuzzy_boolean.py --protocol full --output_dir runs/fb-full
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from transformers import (
+    EvalPrediction,
+    HfArgumentParser,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
+
+try:
+    import ni_hf  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    import ni_hf  # noqa: F401
+
+from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
+from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
+
+logger = logging.getLogger("run_fuzzy_boolean")
+
+# Paper, Table 1: mean and std of R^2 over the functions.
+PAPER_PRETRAINING_R2 = (0.9983, 0.0005)
+ADAPTATION_SETTINGS: dict[str, dict[str, Any]] = {
+    "cls_tokens": {"label": "Finetuning CLS tokens", "paper": (0.9202, 0.0198)},
+    "type_inference": {"label": "+ type-inference parameters (and signatures)", "paper": (0.9857, 0.0034)},
+    "all": {"label": "+ remaining parameters (all)", "paper": (0.9953, 0.0013)},
+}
+
+# Protocol presets. `None` epochs -> use max_steps; max_steps <= 0 -> use epochs.
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "full": dict(
+        points_per_function=163840,
+        batch_size=128,
+        pretrain_epochs=20.0,
+        adapt_epochs=3.0,
+        pretrain_max_steps=-1,
+        adapt_max_steps=-1,
+        overhead_steps=20,
+    ),
+    "reduced": dict(
+        points_per_function=16384,
+        batch_size=128,
+        pretrain_epochs=20.0,
+        adapt_epochs=3.0,
+        pretrain_max_steps=-1,
+        adapt_max_steps=-1,
+        overhead_steps=20,
+    ),
+    "quick": dict(
+        points_per_function=320,
+        batch_size=32,
+        pretrain_epochs=1.0,
+        adapt_epochs=1.0,
+        pretrain_max_steps=4,
+        adapt_max_steps=2,
+        overhead_steps=3,
+    ),
+}
+
+RESULTS_JSON = "fuzzy_boolean_results.json"
+RESULTS_MD = "fuzzy_boolean_results.md"
+
+
+@dataclass
+class FuzzyBooleanArguments:
+    """Experiment options (protocol, data sizes, phases); `None` means "the protocol's value"."""
+
+    protocol: Literal["full", "reduced", "quick"] = field(
+        default="full",
+        metadata={
+            "help": (
+                "full: the paper's protocol (163840 points per function, 80/20 split, batch 128, 20 pre-training "
+                "epochs (20480 steps), 3 adaptation epochs (3072 steps) per setting; estimated 3.5-6.5 h on 2 "
+                "shared CPU cores). "
+                "reduced: the paper's epochs on 1/10 of its points: 16384 points per function (13107 train / "
+                "3277 test), batch 128, 20 pre-training epochs (2060 steps), 3 adaptation epochs (309 steps) per "
+                "setting; estimated 22-40 min on 2 shared CPU cores with one torch thread. "
+                "quick: 320 points, batch 32, 4 pre-training steps and 2 adaptation steps per setting (seconds; "
+                "tests and CI)."
+            )
+        },
+    )
+    quick: bool = field(default=False, metadata={"help": "Shorthand for --protocol quick."})
+    points_per_function: int | None = field(
+        default=None,
+        metadata={"help": "Points per function (train + test) of each group; default: protocol's."},
+    )
+    test_fraction: float = field(
+        default=0.2, metadata={"help": "Fraction of the points used as the test split."}
+    )
+    num_pretrain_functions: int = field(default=20, metadata={"help": "Functions of the pre-training task."})
+    num_adapt_functions: int = field(default=10, metadata={"help": "New functions of the adaptation task."})
+    dataset_seed: int = field(default=0, metadata={"help": "Seed of the truth tables and the input points."})
+    batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Training batch size of both phases; default: protocol's (paper: 128)."},
+    )
+    pretrain_epochs: float | None = field(
+        default=None, metadata={"help": "Pre-training epochs; default: protocol's (paper: 20)."}
+    )
+    adapt_epochs: float | None = field(
+        default=None, metadata={"help": "Adaptation epochs per setting; default: protocol's (paper: 3)."}
+    )
+    pretrain_max_steps: int | None = field(
+        default=None, metadata={"help": "If > 0, pre-train for this many steps instead of epochs."}
+    )
+    adapt_max_steps: int | None = field(
+        default=None, metadata={"help": "If > 0, adapt for this many steps per setting instead of epochs."}
+    )
+    pretrain_learning_rate: float = field(
+        default=6e-3, metadata={"help": "RAdam learning rate of pre-training (paper: 6e-3, constant)."}
+    )
+    adapt_learning_rate: float = field(
+        default=5e-2, metadata={"help": "RAdam learning rate of adaptation (paper: 5e-2, constant)."}
+    )
+    settings: str = field(
+        default="cls_tokens,type_inference,all",
+        metadata={
+            "help": "Comma-separated adaptation settings to run (cls_tokens, type_inference, all), or 'none'."
+        },
+    )
+    pretrained_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Skip pre-training and adapt this saved checkpoint (a directory of save_pretrained)."
+        },
+    )
+    overhead_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Steps of the bare forward+backward+step loop timed against the Trainer loop (0: skip); "
+            "default: protocol's."
+        },
+    )
+    num_threads: int = field(
+        default=1,
+        metadata={
+            "help": "torch.set_num_threads (0: leave PyTorch's default of one thread per core). On a shared 2-core "
+            "machine one thread measured 2-4x faster per step than two under load (see examples/FUZZY_BOOLEAN.md)."
+        },
+    )
+
+    def resolved(self) -> dict[str, Any]:
+        """The protocol's sizes with this run's explicit overrides applied."""
+        protocol = "quick" if self.quick else self.protocol
+        sizes = dict(PROTOCOLS[protocol])
+        for key in sizes:
+            value = getattr(self, key, None)
+            if value is not None:
+                sizes[key] = value
+        sizes["protocol"] = protocol
+        return sizes
+
+
+@dataclass
+class FuzzyBooleanTrainingArguments(TrainingArguments):
+    """TrainingArguments with this experiment's defaults.
+
+    The per-phase fields (learning_rate, num_train_epochs, max_steps, per_device_train_batch_size,
+    lr_scheduler_type, warmup) are set by the script from the protocol for each phase; use --batch_size,
+    --pretrain_learning_rate, --pretrain_epochs, ... instead. The optimizer is RAdam (betas adam_beta1/adam_beta2,
+    eps adam_epsilon, weight_decay).
+    """
+
+    output_dir: str | None = field(
+        default="runs/fuzzy_boolean", metadata={"help": "Where checkpoints and results are written."}
+    )
+    per_device_eval_batch_size: int = field(default=1024, metadata={"help": "Evaluation batch size."})
+    logging_steps: float = field(
+        default=50, metadata={"help": "Log the training loss every this many steps."}
+    )
+    save_strategy: str = field(
+        default="no", metadata={"help": "Intermediate checkpoints (the final models are always saved)."}
+    )
+    max_grad_norm: float = field(
+        default=0.0, metadata={"help": "Gradient clipping (0: none; the paper reports none)."}
+    )
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Must stay False: the batches are built by the dataset itself."}
+    )
+    dataloader_num_workers: int = field(
+        default=0, metadata={"help": "Keep 0: batches are one tensor index each, workers only add overhead."}
+    )
+    report_to: None | str | list[str] = field(default="none", metadata={"help": "Logging integrations."})
+    dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin batches (only useful on GPU)."})
+
+
+class TensorBatchDataset(torch.utils.data.Dataset):
+    """In-memory (inputs, labels) tensors served as whole batches.
+
+    ``__getitems__`` (used by PyTorch's DataLoader for a whole batch of indices) returns the batch dict with one
+    tensor index per tensor, so there is no per-sample indexing and no per-sample collation; pair it with
+    :func:`batch_collator`.
+    """
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        if inputs.shape[0] != labels.shape[0]:
+            raise ValueError(f"inputs and labels differ in length: {inputs.shape[0]} vs {labels.shape[0]}")
+        self.inputs = inputs.contiguous()
+        self.labels = labels.contiguous()
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"inputs": self.inputs[index], "labels": self.labels[index]}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return {"inputs": self.inputs[index], "labels": self.labels[index]}
+
+
+def batch_collator(batch: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Pass a ready batch dict through; stack a list of samples (only if a sampler bypasses ``__getitems__``)."""
+    if isinstance(batch, dict):
+        return batch
+    return {key: torch.stack([sample[key] for sample in batch]) for key in batch[0]}
+
+
+def r2_per_function(predictions: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Coefficient of determination of every column: R^2_f = 1 - SSE_f / SST_f (float64), shape (F,).
+
+    SSE_f = sum_i (y_if - p_if)^2 and SST_f = sum_i (y_if - mean_i y_if)^2. A constant target column (SST = 0)
+    gives R^2 = 1 for a perfect prediction and -inf otherwise.
+    """
+    p = np.asarray(predictions, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.float64)
+    if p.shape != y.shape:
+        raise ValueError(f"predictions {p.shape} and targets {y.shape} differ in shape")
+    if p.ndim == 1:
+        p, y = p[:, None], y[:, None]
+    sse = ((y - p) ** 2).sum(axis=0)
+    sst = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = 1.0 - sse / sst
+    return np.where(sst > 0, r2, np.where(sse > 0, -np.inf, 1.0))
+
+
+def summarize_r2(r2: np.ndarray) -> dict[str, Any]:
+    """Mean, population std, min and per-function values of an R^2 vector."""
+    return {
+        "r2_mean": float(np.mean(r2)),
+        "r2_std": float(np.std(r2)),
+        "r2_min": float(np.min(r2)),
+        "r2_per_function": [float(v) for v in r2],
+    }
+
+
+def compute_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
+    """Trainer metrics: mean / min R^2 over the functions."""
+    r2 = r2_per_function(eval_pred.predictions, eval_pred.label_ids)
+    return {"r2_mean": float(np.mean(r2)), "r2_min": float(np.min(r2))}
+
+
+def parameter_group(name: str) -> str:
+    """Adaptation group of a parameter of NeuralInterpreterForSetRegression.
+
+    ``task_tokens`` (the CLS tokens), ``type_matching`` (every script's type-inference MLP and signatures), or
+    ``other`` (everything else: LOCs, codes, kernel sigma, input embedding, regression head, ...).
+    """
+    if name == "neural_interpreter.task_tokens":
+        return "task_tokens"
+    if re.fullmatch(r"neural_interpreter\.scripts\.\d+\.(type_inference\..+|signatures)", name):
+        return "type_matching"
+    return "other"
+
+
+SETTING_GROUPS: dict[str, set[str]] = {
+    "cls_tokens": {"task_tokens"},
+    "type_inference": {"task_tokens", "type_matching"},
+    "all": {"task_tokens", "type_matching", "other"},
+}
+
+
+def set_adaptation_trainable(model: torch.nn.Module, setting: str) -> dict[str, int]:
+    """Make exactly the parameters of ``setting``'s groups trainable; return trainable parameter counts per group."""
+    if setting not in SETTING_GROUPS:
+        raise ValueError(f"Unknown adaptation setting {setting!r}; expected one of {sorted(SETTING_GROUPS)}.")
+    counts = {"task_tokens": 0, "type_matching": 0, "other": 0}
+    for name, param in model.named_parameters():
+        group = parameter_group(name)
+        trainable = group in SETTING_GROUPS[setting]
+        param.requires_grad_(trainable)
+        if trainable:
+            counts[group] += param.numel()
+    return counts
+
+
+class StepTimer(TrainerCallback):
+    """Wall time between consecutive optimizer steps of the Trainer loop (data, forward, backward, step, logging)."""
+
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+        self._last: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        self._last = None
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        if self._last is None:  # the first step's time starts when its batch has been fetched
+            self._last = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.durations.append(now - self._last)
+        self._last = now
+
+    def on_evaluate(self, args, state, control, **kwargs) -> None:
+        self._last = None  # do not count evaluation time as a training step
+
+    def summary(self, skip: int = 2) -> dict[str, float | int]:
+        """Median / mean / min step time (s), skipping the first ``skip`` (warm-up) steps when there are enough."""
+        values = self.durations[skip:] if len(self.durations) > skip + 2 else self.durations
+        if not values:
+            return {"steps_timed": 0}
+        return {
+            "steps_timed": len(values),
+            "median_s": statistics.median(values),
+            "mean_s": statistics.fmean(values),
+            "min_s": min(values),
+        }
+
+
+def radam(
+    args: TrainingArguments, learning_rate: float
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """RAdam with the TrainingArguments' betas and eps (paper: 0.9, 0.999, 1e-8)."""
+    return torch.optim.RAdam, {
+        "lr": learning_rate,
+        "betas": (args.adam_beta1, args.adam_beta2),
+        "eps": args.adam_epsilon,
+    }
+
+
+def phase_arguments(
+    base: TrainingArguments,
+    output_dir: Path,
+    learning_rate: float,
+    batch_size: int,
+    epochs: float,
+    max_steps: int,
+) -> TrainingArguments:
+    """A copy of ``base`` for one phase: its own output_dir, learning rate, batch size, length; constant LR."""
+    return dataclasses.replace(
+        base,
+        output_dir=str(output_dir),
+        learning_rate=learning_rate,
+        per_device_train_batch_size=batch_size,
+        num_train_epochs=epochs,
+        max_steps=max_steps if max_steps and max_steps > 0 else -1,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        remove_unused_columns=False,
+    )
+
+
+def describe_length(num_examples: int, batch_size: int, epochs: float, max_steps: int) -> str:
+    """'N steps' or 'E epochs (N steps)' for a phase, as Trainer counts them (the last batch may be partial)."""
+    if max_steps > 0:
+        return f"{max_steps} steps"
+    return f"{epochs:g} epochs ({math.ceil(epochs * math.ceil(num_examples / batch_size))} steps)"
+
+
+def make_trainer(
+    model: torch.nn.Module,
+    args: TrainingArguments,
+    train: TensorBatchDataset,
+    test: TensorBatchDataset,
+    learning_rate: float,
+) -> tuple[Trainer, StepTimer]:
+    """A Trainer with RAdam, the whole-batch collator, R^2 metrics and a step timer."""
+    timer = StepTimer()
+    trainer = Trainer(
+        model=model,
+        args=args,
+        data_collator=batch_collator,
+        train_dataset=train,
+        eval_dataset=test,
+        compute_metrics=compute_metrics,
+        callbacks=[timer],
+        optimizer_cls_and_kwargs=radam(args, learning_rate),
+    )
+    return trainer, timer
+
+
+def evaluate_r2(trainer: Trainer, dataset: TensorBatchDataset) -> np.ndarray:
+    """Per-function R^2 of the trainer's model on ``dataset`` (Trainer.predict)."""
+    output = trainer.predict(dataset, metric_key_prefix="test")
+    return r2_per_function(output.predictions, output.label_ids)
+
+
+def bare_step_time(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    optimizer_cls: type[torch.optim.Optimizer],
+    optimizer_kwargs: dict[str, Any],
+    steps: int,
+) -> dict[str, float | int]:
+    """Median time of ``steps`` bare forward + backward + optimizer step + zero_grad on one batch (after 2 warm-up)."""
+    model = copy.deepcopy(model).train()
+    optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **optimizer_kwargs)
+    durations = []
+    for i in range(steps + 2):
+        start = time.perf_counter()
+        loss = model(inputs=batch["inputs"], labels=batch["labels"]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i >= 2:
+            durations.append(time.perf_counter() - start)
+    return {
+        "steps_timed": len(durations),
+        "median_s": statistics.median(durations),
+        "mean_s": statistics.fmean(durations),
+        "min_s": min(durations),
+    }
+
+
+def dataloader_batch_time(trainer: Trainer, batches: int = 50) -> float:
+    """Mean time (s) to fetch one training batch from the Trainer's (accelerate-prepared) DataLoader."""
+    loader = trainer.get_train_dataloader()
+    iterator = iter(loader)
+    next(iterator)
+    count, start = 0, time.perf_counter()
+    for _ in range(batches):
+        try:
+            next(iterator)
+        except StopIteration:
+            break
+        count += 1
+    return (time.perf_counter() - start) / max(count, 1)
+
+
+def environment() -> dict[str, Any]:
+    """Date, host CPU and library versions for the results file."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import transformers
+
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "nproc": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _fmt(mean: float | None, std: float | None) -> str:
+    if mean is None or not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.4f} ± {std:.4f}"
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """The results as a Markdown table beside the paper's Table 1."""
+    sizes = results["protocol"]
+    pre = results["pretraining"]
+    pretraining = (
+        f"pre-training {pre['train_steps']} steps"
+        if "train_steps" in pre
+        else f"pre-trained model loaded from {pre['checkpoint']}"
+    )
+    lines = [
+        f"## Fuzzy Boolean results ({sizes['protocol']} protocol)",
+        "",
+        f"{sizes['points_per_function']} points per function (test fraction {sizes['test_fraction']}), batch "
+        f"{sizes['batch_size']}, {pretraining}, "
+        f"adaptation {sizes['adapt_steps_desc']}; RAdam {sizes['pretrain_learning_rate']} / "
+        f"{sizes['adapt_learning_rate']}, constant. R^2 = 1 - SSE/SST per function on its test split; mean ± "
+        "population std over the functions.",
+        "",
+        "| Parameter set | R^2 (this run) | R^2 (paper) |",
+        "|---|---|---|",
+    ]
+    lines.append(
+        f"| All parameters (pre-training, {pre['num_functions']} functions) | "
+        f"{_fmt(pre.get('r2_mean'), pre.get('r2_std'))} | {_fmt(*PAPER_PRETRAINING_R2)} |"
+    )
+    for name, info in ADAPTATION_SETTINGS.items():
+        res = results["adaptation"].get(name)
+        ours = _fmt(res["r2_mean"], res["r2_std"]) if res else "not run"
+        lines.append(f"| {info['label']} | {ours} | {_fmt(*info['paper'])} |")
+    timing = results.get("timing", {})
+    env = results["environment"]
+    lines += [
+        "",
+        f"Run on {env['date']}: {env['cpu']} ({env['nproc']} cores, {env['torch_threads']} torch threads), "
+        f"torch {env['torch']}, transformers {env['transformers']}; total wall time "
+        f"{results['wall_time_s']:.0f} s.",
+    ]
+    if timing.get("trainer_step", {}).get("median_s") and timing.get("bare_step", {}).get("median_s"):
+        lines.append(
+            f"Pre-training step (batch {sizes['batch_size']}): Trainer loop {timing['trainer_step']['median_s']:.3f} s "
+            f"(median), bare forward+backward+step {timing['bare_step']['median_s']:.3f} s; DataLoader "
+            f"{1e3 * timing['dataloader_batch_s']:.2f} ms per batch."
+        )
+    return "\n".join(lines) + "\n"
+
+
+PHASE_FIELDS = {
+    "learning_rate": "--pretrain_learning_rate / --adapt_learning_rate",
+    "num_train_epochs": "--pretrain_epochs / --adapt_epochs",
+    "max_steps": "--pretrain_max_steps / --adapt_max_steps",
+    "per_device_train_batch_size": "--batch_size",
+    "lr_scheduler_type": "(constant, as in the paper)",
+    "warmup_steps": "(none, as in the paper)",
+}
+
+
+def ignored_training_arguments(args: TrainingArguments) -> list[str]:
+    """Per-phase TrainingArguments given non-default values, which the script overrides (with their replacement)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(FuzzyBooleanTrainingArguments)}
+    ignored = []
+    for name, replacement in PHASE_FIELDS.items():
+        value = getattr(args, name)
+        value = getattr(value, "value", value)  # enums (lr_scheduler_type)
+        if value != defaults[name]:
+            ignored.append(f"--{name} {value} (use {replacement})")
+    return ignored
+
+
+def parse_args(
+    args: Sequence[str] | None = None,
+) -> tuple[FuzzyBooleanArguments, FuzzyBooleanTrainingArguments]:
+    """Parse command-line arguments (``args``; default sys.argv) into the two dataclasses."""
+    parser = HfArgumentParser((FuzzyBooleanArguments, FuzzyBooleanTrainingArguments))
+    exp, training = parser.parse_args_into_dataclasses(args=list(args) if args is not None else None)
+    return exp, training
+
+
+def main(args: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run pre-training and the adaptation settings; write and return the results dict."""
+    exp, base_args = parse_args(args)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
+    )
+    if exp.num_threads > 0:
+        torch.set_num_threads(exp.num_threads)
+    sizes = exp.resolved()
+    sizes.update(
+        test_fraction=exp.test_fraction,
+        pretrain_learning_rate=exp.pretrain_learning_rate,
+        adapt_learning_rate=exp.adapt_learning_rate,
+    )
+    settings = [] if exp.settings.strip().lower() == "none" else [s.strip() for s in exp.settings.split(",")]
+    for s in settings:
+        if s not in ADAPTATION_SETTINGS:
+            raise ValueError(
+                f"Unknown adaptation setting {s!r}; expected some of {list(ADAPTATION_SETTINGS)}."
+            )
+    output_dir = Path(base_args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    start_time = time.perf_counter()
+    logger.info("Protocol %s: %s; torch threads %d", sizes["protocol"], sizes, torch.get_num_threads())
+    for message in ignored_training_arguments(base_args):
+        logger.warning("Ignored, set per phase by the protocol: %s", message)
+
+    # --- data ---------------------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    data = make_fuzzy_boolean_tensors(
+        num_pretrain_functions=exp.num_pretrain_functions,
+        num_adapt_functions=exp.num_adapt_functions,
+        points_per_function=sizes["points_per_function"],
+        test_fraction=exp.test_fraction,
+        seed=exp.dataset_seed,
+    )
+    datasets = {
+        group: {split: TensorBatchDataset(*data[group][split]) for split in ("train", "test")}
+        for group in ("pretrain", "adapt")
+    }
+    logger.info(
+        "Data (seed %d) in %.1f s: pre-training %d functions, %d train / %d test points; adaptation %d functions, "
+        "%d train / %d test points",
+        exp.dataset_seed,
+        time.perf_counter() - t0,
+        exp.num_pretrain_functions,
+        len(datasets["pretrain"]["train"]),
+        len(datasets["pretrain"]["test"]),
+        exp.num_adapt_functions,
+        len(datasets["adapt"]["train"]),
+        len(datasets["adapt"]["test"]),
+    )
+    pretrain_names = [f"f{i}" for i in range(exp.num_pretrain_functions)]
+    adapt_names = [f"f{exp.num_pretrain_functions + i}" for i in range(exp.num_adapt_functions)]
+    results: dict[str, Any] = {"protocol": sizes, "arguments": dataclasses.asdict(exp), "adaptation": {}}
+    timing: dict[str, Any] = {}
+
+    # --- pre-training -------------------------------------------------------------------------------------
+    pretrain_dir = output_dir / "pretrain"
+    pre_args = phase_arguments(
+        base_args,
+        pretrain_dir,
+        exp.pretrain_learning_rate,
+        sizes["batch_size"],
+        sizes["pretrain_epochs"],
+        sizes["pretrain_max_steps"],
+    )
+    if exp.pretrained_model:
+        logger.info("Loading the pre-trained model from %s (pre-training skipped)", exp.pretrained_model)
+        model = NeuralInterpreterForSetRegression.from_pretrained(exp.pretrained_model)
+        pretrain_dir = Path(exp.pretrained_model)
+        trainer, timer = make_trainer(
+            model,
+            pre_args,
+            datasets["pretrain"]["train"],
+            datasets["pretrain"]["test"],
+            exp.pretrain_learning_rate,
+        )
+        pretrain_info: dict[str, Any] = {"checkpoint": str(pretrain_dir)}
+    else:
+        set_seed(base_args.seed)
+        config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", task_names=pretrain_names)
+        model = NeuralInterpreterForSetRegression(config)
+        num_params = sum(p.numel() for p in model.parameters())
+        logger.info(
+            "Model: %d parameters (fuzzy_boolean preset, %d CLS tokens)", num_params, len(pretrain_names)
+        )
+        trainer, timer = make_trainer(
+            model,
+            pre_args,
+            datasets["pretrain"]["train"],
+            datasets["pretrain"]["test"],
+            exp.pretrain_learning_rate,
+        )
+        logger.info(
+            "Pre-training: %s of batch %d, RAdam lr %g constant",
+            describe_length(
+                len(datasets["pretrain"]["train"]),
+                sizes["batch_size"],
+                sizes["pretrain_epochs"],
+                sizes["pretrain_max_steps"],
+            ),
+            sizes["batch_size"],
+            exp.pretrain_learning_rate,
+        )
+        train_output = trainer.train()
+        trainer.save_model(str(pretrain_dir))
+        timing["trainer_step"] = timer.summary()
+        overhead_steps = sizes["overhead_steps"]
+        if overhead_steps > 0:
+            # Same model, batch size and optimizer as the Trainer loop, on a copy of the trained model.
+            batch = datasets["pretrain"]["train"].__getitems__(list(range(sizes["batch_size"])))
+            optimizer_cls, optimizer_kwargs = radam(pre_args, exp.pretrain_learning_rate)
+            timing["bare_step"] = bare_step_time(
+                model, batch, optimizer_cls, optimizer_kwargs, overhead_steps
+            )
+            timing["dataloader_batch_s"] = dataloader_batch_time(trainer)
+            bare, full = timing["bare_step"]["median_s"], timing["trainer_step"].get("median_s")
+            if full:
+                timing["trainer_overhead_s"] = full - bare
+                timing["trainer_overhead_fraction"] = (full - bare) / full
+            logger.info(
+                "Step time at batch %d: Trainer loop median %.4f s; bare forward+backward+RAdam step median %.4f s "
+                "(%d steps); DataLoader fetch %.3f ms/batch",
+                sizes["batch_size"],
+                full or float("nan"),
+                bare,
+                overhead_steps,
+                1e3 * timing["dataloader_batch_s"],
+            )
+        pretrain_info = {
+            "checkpoint": str(pretrain_dir),
+            "train_steps": train_output.global_step,
+            "train_runtime_s": train_output.metrics.get("train_runtime"),
+            "final_train_loss": train_output.training_loss,
+            "step_time": timing["trainer_step"],
+        }
+        logger.info(
+            "Pre-training done: %d steps in %.0f s (median step %.4f s); saved to %s",
+            train_output.global_step,
+            train_output.metrics.get("train_runtime", float("nan")),
+            timing["trainer_step"].get("median_s", float("nan")),
+            pretrain_dir,
+        )
+    pre_r2 = evaluate_r2(trainer, datasets["pretrain"]["test"])
+    results["pretraining"] = {
+        **pretrain_info,
+        "num_functions": exp.num_pretrain_functions,
+        **summarize_r2(pre_r2),
+        "paper_r2_mean": PAPER_PRETRAINING_R2[0],
+        "paper_r2_std": PAPER_PRETRAINING_R2[1],
+    }
+    logger.info(
+        "Pre-training R^2 over %d functions (test split): %.4f ± %.4f (min %.4f); paper %.4f ± %.4f",
+        len(pre_r2),
+        float(np.mean(pre_r2)),
+        float(np.std(pre_r2)),
+        float(np.min(pre_r2)),
+        *PAPER_PRETRAINING_R2,
+    )
+    del trainer, model
+
+    # --- adaptation ---------------------------------------------------------------------------------------
+    adapt_steps = sizes["adapt_max_steps"]
+    sizes["adapt_steps_desc"] = (
+        f"{adapt_steps} steps" if adapt_steps > 0 else f"{sizes['adapt_epochs']:g} epochs"
+    ) + " per setting"
+    for setting in settings:
+        model = NeuralInterpreterForSetRegression.from_pretrained(str(pretrain_dir))
+        # Same fresh CLS tokens for every setting: seed the draw.
+        torch.manual_seed(base_args.seed + 1)
+        model.neural_interpreter.reset_task_tokens(adapt_names)
+        counts = set_adaptation_trainable(model, setting)
+        logger.info(
+            "Adaptation setting %r (%s): %d new CLS tokens; trainable parameters %s (total %d); %s, RAdam lr %g",
+            setting,
+            ADAPTATION_SETTINGS[setting]["label"],
+            len(adapt_names),
+            counts,
+            sum(counts.values()),
+            describe_length(
+                len(datasets["adapt"]["train"]), sizes["batch_size"], sizes["adapt_epochs"], adapt_steps
+            ),
+            exp.adapt_learning_rate,
+        )
+        set_seed(base_args.seed)
+        adapt_args = phase_arguments(
+            base_args,
+            output_dir / f"adapt-{setting}",
+            exp.adapt_learning_rate,
+            sizes["batch_size"],
+            sizes["adapt_epochs"],
+            adapt_steps,
+        )
+        trainer, timer = make_trainer(
+            model, adapt_args, datasets["adapt"]["train"], datasets["adapt"]["test"], exp.adapt_learning_rate
+        )
+        train_output = trainer.train()
+        trainer.save_model(adapt_args.output_dir)
+        r2 = evaluate_r2(trainer, datasets["adapt"]["test"])
+        results["adaptation"][setting] = {
+            "label": ADAPTATION_SETTINGS[setting]["label"],
+            "checkpoint": adapt_args.output_dir,
+            "trainable_parameters": counts,
+            "train_steps": train_output.global_step,
+            "train_runtime_s": train_output.metrics.get("train_runtime"),
+            "final_train_loss": train_output.training_loss,
+            "step_time": timer.summary(),
+            "num_functions": len(adapt_names),
+            **summarize_r2(r2),
+            "paper_r2_mean": ADAPTATION_SETTINGS[setting]["paper"][0],
+            "paper_r2_std": ADAPTATION_SETTINGS[setting]["paper"][1],
+        }
+        logger.info(
+            "Adaptation %r: %d steps in %.0f s; R^2 over %d new functions: %.4f ± %.4f (min %.4f); paper %.4f ± %.4f",
+            setting,
+            train_output.global_step,
+            train_output.metrics.get("train_runtime", float("nan")),
+            len(r2),
+            float(np.mean(r2)),
+            float(np.std(r2)),
+            float(np.min(r2)),
+            *ADAPTATION_SETTINGS[setting]["paper"],
+        )
+        del trainer, model
+
+    results["timing"] = timing
+    results["environment"] = environment()
+    results["wall_time_s"] = time.perf_counter() - start_time
+    (output_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2) + "\n")
+    markdown = results_markdown(results)
+    (output_dir / RESULTS_MD).write_text(markdown)
+    print(markdown)
+    logger.info("Results written to %s and %s", output_dir / RESULTS_JSON, output_dir / RESULTS_MD)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,487 @@
+"""examples/run_digits.py end to end: outputs, model card, reloading, DDP on CPU, resuming, offline push.
+
+The runs use a tiny model and a tiny two-task data set written to a temporary folder in the local Parquet
+layout (scikit-learn digits as "mnist" and a coloured, larger copy as "mnist_m"), so that they take seconds.
+One run happens in this process (no import cost); the two-process DDP run and the remote-code check are
+subprocesses. The real-data test needs ``<repo>/../shared/data`` and is marked slow.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "run_digits.py"
+SHARED_DATA = REPO.parent / "shared" / "data"
+TINY_CONFIG = (
+    "hidden_size=16,code_dim=8,num_function_iterations=1,num_functions=2,num_attention_heads=2,"
+    "attention_head_size=4,type_inference_hidden_size=8,type_dim=4"
+)
+TRAIN_PER_TASK = 40
+EVAL_PER_TASK = 19  # 2 tasks x 19 = 38 test samples: not a multiple of 2 processes x batch 4
+HUB_REPO = "me/ni-digits-test"
+
+
+def load_script():
+    """Import examples/run_digits.py as a module (it is not part of the package)."""
+    spec = importlib.util.spec_from_file_location("run_digits", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+run_digits = load_script()
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and a shared machine makes two threads very slow."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Collect(logging.Handler):
+    """Keep the messages logged while a run happens in this process."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """Two small tasks in the Hub Parquet layout: sklearn digits as 8x8 gray 'mnist' and 12x12 RGB 'mnist_m'."""
+    from datasets import ClassLabel, Dataset, Features, Image
+    from sklearn.datasets import load_digits
+
+    root = tmp_path_factory.mktemp("digits_data")
+    bunch = load_digits()
+    gray = np.round(bunch.images * (255 / 16)).astype(np.uint8)
+    features = Features({"image": Image(), "label": ClassLabel(names=[str(i) for i in range(10)])})
+    rng = np.random.default_rng(0)
+    for folder, offset in (("mnist", 0), ("mnist_m", 400)):
+        for split, start, size in (("train", offset, TRAIN_PER_TASK), ("test", offset + 200, EVAL_PER_TASK)):
+            images = gray[start : start + size]
+            if folder == "mnist_m":  # 16x16 RGB on a coloured background: another "domain"
+                background = rng.integers(0, 80, size=(len(images), 1, 1, 3))
+                rgb = np.clip(images[..., None].astype(np.int16) + background, 0, 255).astype(np.uint8)
+                images = rgb.repeat(2, axis=1).repeat(2, axis=2)
+            ds = Dataset.from_dict(
+                {"image": list(images), "label": bunch.target[start : start + size].tolist()},
+                features=features,
+            )
+            (root / folder).mkdir(exist_ok=True)
+            ds.to_parquet(root / folder / f"{split}.parquet")
+    return root
+
+
+def tiny_args(output_dir: Path, data_dir: Path, *extra: str) -> list[str]:
+    """Arguments of a few-second run on the two tiny tasks."""
+    return [
+        "--output_dir",
+        str(output_dir),
+        "--data_dir",
+        str(data_dir),
+        "--config_overrides",
+        TINY_CONFIG,
+        "--per_device_train_batch_size",
+        "8",
+        "--per_device_eval_batch_size",
+        "8",
+        "--max_steps",
+        "4",
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--logging_steps",
+        "1",
+        "--seed",
+        "0",
+        "--use_cpu",
+        "true",
+        "--max_eval_samples",
+        str(EVAL_PER_TASK),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def single_run(data_dir, tmp_path_factory):
+    """One process, RandAugment on, --push_to_hub while offline: must save everything, then exit 1."""
+    import huggingface_hub.constants
+
+    output_dir = tmp_path_factory.mktemp("single") / "out"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    handler = Collect()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with one_thread(), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+            with pytest.raises(SystemExit) as exit_info:
+                run_digits.main(tiny_args(output_dir, data_dir, "--push_to_hub", "--hub_model_id", HUB_REPO))
+    finally:
+        root.removeHandler(handler)
+    return output_dir, exit_info.value.code, handler.messages
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def logged_losses(output_dir: Path) -> dict[int, float]:
+    """Step -> training loss from the Trainer's log history."""
+    history = read_json(output_dir / "trainer_state.json")["log_history"]
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
+
+
+# ------------------------------------------------------------------------------------------- unit level
+
+
+def test_config_overrides_are_parsed_checked_and_applied():
+    parsed = run_digits.parse_config_overrides(
+        "num_functions=6, truncation_tau=1.2,num_function_iterations=[2,3],initializer_range=null,straight_through=true"
+    )
+    assert parsed == {
+        "num_functions": 6,
+        "truncation_tau": 1.2,
+        "num_function_iterations": [2, 3],
+        "initializer_range": None,
+        "straight_through": True,
+    }
+    with pytest.raises(ValueError, match="unknown setting 'num_funtions'"):
+        run_digits.parse_config_overrides("num_funtions=6")
+    with pytest.raises(ValueError, match="set from the data"):
+        run_digits.parse_config_overrides("task_names=['a']")
+    model_args = run_digits.ModelArguments(config_overrides="num_functions=6,hidden_size=64", hidden_size=32)
+    config = run_digits.build_config(model_args, ["mnist", "svhn"])
+    assert (config.num_functions, config.hidden_size, config.num_function_iterations) == (6, 32, 8)
+    assert config.task_names == ["mnist", "svhn"] and config.num_labels == 10
+
+
+def test_paper_recipe_is_the_default():
+    _, data_args, args = run_digits.parse_arguments(["--output_dir", "unused"])
+    assert args.radam and args.learning_rate == 8e-4 and args.warmup_steps == 0
+    assert args.lr_scheduler_type == "cosine_with_min_lr" and args.lr_scheduler_kwargs == {"min_lr": 1e-6}
+    assert args.per_device_train_batch_size == 128 and args.num_train_epochs == 100
+    assert args.do_train and args.do_eval and not args.remove_unused_columns
+    assert args.label_names == ["labels", "task_ids"]
+    assert data_args.randaugment
+    assert run_digits.resolve_data_arguments(data_args) == ("hub", ["mnist", "mnistm", "svhn"])
+    _, data_args, _ = run_digits.parse_arguments(["--output_dir", "x", "--dataset_source", "sklearn"])
+    assert run_digits.resolve_data_arguments(data_args) == ("sklearn", ["sklearn_digits"])
+    _, data_args, _ = run_digits.parse_arguments(["--output_dir", "x", "--randaugment", "false"])
+    assert not data_args.randaugment
+
+
+def test_local_source_finds_the_paper_datasets_present(data_dir):
+    _, data_args, _ = run_digits.parse_arguments(["--output_dir", "x", "--data_dir", str(data_dir)])
+    assert run_digits.resolve_data_arguments(data_args) == ("local", ["mnist", "mnistm"])
+
+
+def test_batch_randaugment_keeps_shape_and_scale_and_is_seeded():
+    from ni_hf.augmentation import BatchRandAugment
+    from ni_hf.image_processing_neural_interpreter import patchify
+
+    images = torch.rand(6, 3, 32, 32) * 2 - 1  # normalized with mean = std = 0.5
+    augment = BatchRandAugment(num_ops=2, magnitude=5, probability=1.0, image_size=32, patch_size=4)
+    torch.manual_seed(0)
+    out = augment(images)
+    assert out.shape == images.shape and out.min() >= -1 and out.max() <= 1
+    assert not torch.equal(out, images)
+    torch.manual_seed(0)
+    patches = augment(patchify(images, 4))
+    torch.testing.assert_close(patches, patchify(out, 4))
+    with pytest.raises(ValueError, match="magnitude"):
+        BatchRandAugment(magnitude=10)
+
+
+# --------------------------------------------------------------------------------------- one process
+
+
+def test_output_dir_holds_what_a_hub_repo_needs(single_run):
+    output_dir, _, _ = single_run
+    files = {p.name for p in output_dir.iterdir()}
+    expected = {
+        "model.safetensors",
+        "config.json",
+        "configuration_neural_interpreter.py",
+        "modeling_neural_interpreter.py",
+        "image_processing_neural_interpreter.py",
+        "preprocessor_config.json",
+        "all_results.json",
+        "README.md",
+    }
+    assert expected <= files, expected - files
+    config = read_json(output_dir / "config.json")
+    assert config["auto_map"]["AutoModelForImageClassification"].endswith(
+        "NeuralInterpreterForImageClassification"
+    )
+    assert config["task_names"] == ["mnist", "mnistm"] and config["hidden_size"] == 16
+    results = read_json(output_dir / "all_results.json")
+    assert results["world_size"] == 1 and results["global_step"] == 4
+    assert results["eval_num_samples"] == 2 * EVAL_PER_TASK
+    assert results["eval_num_samples_mnist"] == results["eval_num_samples_mnistm"] == EVAL_PER_TASK
+    assert {"eval_accuracy", "eval_accuracy_mnist", "eval_accuracy_mnistm"} <= set(results)
+    assert {"checkpoint-2", "checkpoint-4"} <= files
+
+
+def test_offline_push_fails_clearly_after_saving(single_run):
+    output_dir, code, messages = single_run
+    assert code == 1
+    failure = [m for m in messages if "--push_to_hub failed" in m]
+    assert failure and "HF_HUB_OFFLINE" in failure[0] and str(output_dir) in failure[0]
+    assert (output_dir / "model.safetensors").is_file() and (output_dir / "README.md").is_file()
+    assert any("Dataset 'mnistm'" in m and f"{EVAL_PER_TASK} test samples" in m for m in messages)
+    assert any("parameters" in m and "trainable" in m for m in messages)
+    assert any(m.startswith("Test accuracy mnist:") for m in messages)
+
+
+def test_model_card_parses_and_carries_the_measured_accuracies(single_run):
+    from huggingface_hub import ModelCard
+
+    output_dir, _, _ = single_run
+    card = ModelCard.load(output_dir / "README.md")
+    results = read_json(output_dir / "all_results.json")
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "image-classification"
+    assert card.data.model_name == HUB_REPO.split("/")[-1]
+    by_dataset = {r.dataset_type: r for r in card.data.eval_results}
+    assert set(by_dataset) == {"mnist", "mnistm"}
+    for name, result in by_dataset.items():
+        assert result.metric_type == "accuracy" and result.dataset_split == "test"
+        assert math.isclose(result.metric_value, results[f"eval_accuracy_{name}"], abs_tol=1e-6)
+    assert "model-index" in (output_dir / "README.md").read_text()
+    text = card.text
+    assert "run_digits.py" in text and TINY_CONFIG in text  # the training command
+    assert "## Limitations" in text and "Hardware:" in text and "## Training data" in text
+
+
+def evaluate_accuracy(model, processor, data_dir: Path) -> dict[str, float]:
+    """Accuracy of a model on the tiny test sets, with the saved processor."""
+    import io
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    accuracies = {}
+    for task_id, (task, folder) in enumerate((("mnist", "mnist"), ("mnistm", "mnist_m"))):
+        table = pq.read_table(data_dir / folder / "test.parquet").to_pydict()
+        images = [Image.open(io.BytesIO(item["bytes"])) for item in table["image"]]
+        batch = processor(images=images, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**batch, task_ids=torch.full((len(images),), task_id)).logits
+        accuracies[task] = float((logits.argmax(-1).numpy() == np.asarray(table["label"])).mean())
+    return accuracies
+
+
+def test_saved_folder_reloads_with_auto_classes_and_reproduces_accuracy(single_run, data_dir):
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    import ni_hf  # noqa: F401  (registers the Auto classes)
+
+    output_dir, _, _ = single_run
+    model = AutoModelForImageClassification.from_pretrained(output_dir).eval()
+    processor = AutoImageProcessor.from_pretrained(output_dir)
+    assert type(model).__module__.startswith("ni_hf")
+    results = read_json(output_dir / "all_results.json")
+    accuracies = evaluate_accuracy(model, processor, data_dir)
+    for task, accuracy in accuracies.items():
+        assert math.isclose(accuracy, results[f"eval_accuracy_{task}"], abs_tol=1e-9)
+
+
+REMOTE = textwrap.dedent(
+    """
+    import io, json, sys
+    sys.modules["ni_hf"] = None  # the package must not be importable here
+    import numpy as np, pyarrow.parquet as pq, torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    out, data = sys.argv[1], sys.argv[2]
+    model = AutoModelForImageClassification.from_pretrained(out, trust_remote_code=True).eval()
+    processor = AutoImageProcessor.from_pretrained(out, trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    accuracies = {}
+    for task_id, (task, folder) in enumerate((("mnist", "mnist"), ("mnistm", "mnist_m"))):
+        table = pq.read_table(f"{data}/{folder}/test.parquet").to_pydict()
+        images = [Image.open(io.BytesIO(item["bytes"])) for item in table["image"]]
+        batch = processor(images=images, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**batch, task_ids=torch.full((len(images),), task_id)).logits
+        accuracies[task] = float((logits.argmax(-1).numpy() == np.asarray(table["label"])).mean())
+    print("ACCURACIES", json.dumps(accuracies))
+    """
+)
+
+
+def test_saved_folder_reloads_with_remote_code_without_the_package(single_run, data_dir, tmp_path):
+    output_dir, _, _ = single_run
+    env = {
+        **os.environ,
+        "PYTHONPATH": "",
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", REMOTE, str(output_dir), str(data_dir)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accuracies = json.loads(proc.stdout.split("ACCURACIES", 1)[1])
+    results = read_json(output_dir / "all_results.json")
+    for task, accuracy in accuracies.items():
+        assert math.isclose(accuracy, results[f"eval_accuracy_{task}"], abs_tol=1e-9)
+
+
+def test_resume_continues_from_the_saved_step(single_run, data_dir, tmp_path):
+    output_dir, _, _ = single_run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(output_dir / "checkpoint-2", resumed / "checkpoint-2")
+    handler = Collect()
+    logging.getLogger().addHandler(handler)
+    try:
+        with one_thread():
+            run_digits.main(
+                tiny_args(resumed, data_dir, "--resume_from_checkpoint", str(resumed / "checkpoint-2"))
+            )
+    finally:
+        logging.getLogger().removeHandler(handler)
+    state = read_json(resumed / "trainer_state.json")
+    assert state["global_step"] == 4
+    original, again = logged_losses(output_dir), logged_losses(resumed)
+    assert set(again) == {1, 2, 3, 4}  # steps 1-2 restored from the checkpoint, 3-4 trained now
+    # Model, optimizer, scheduler, data order and RNG (hence RandAugment) states are all restored.
+    for step in (3, 4):
+        assert math.isclose(again[step], original[step], rel_tol=1e-3), (step, again, original)
+    assert any("Resuming from checkpoint" in m for m in handler.messages)
+
+
+# ---------------------------------------------------------------------------------------- two processes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_process_ddp_on_cpu(single_run, data_dir, tmp_path):
+    """gloo DDP with two ranks: same global batch as the single run, loss not scaled, eval counted once."""
+    output_dir = tmp_path / "ddp"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_HOME": str(tmp_path / "hf_home"),
+    }
+    args = tiny_args(output_dir, data_dir)
+    args[args.index("--per_device_train_batch_size") + 1] = "4"  # 2 x 4 = the single run's batch of 8
+    args[args.index("--per_device_eval_batch_size") + 1] = "4"  # 38 test samples: not a multiple of 8
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(SCRIPT),
+        *args,
+        "--ddp_find_unused_parameters",
+        "false",
+    ]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "Process 0 of world size 2" in log and "Process 1 of world size 2" in log
+    results = read_json(output_dir / "all_results.json")
+    assert results["world_size"] == 2 and results["eval_world_size"] == 2
+    # Every test sample counted exactly once, although 38 is not a multiple of 2 processes x 4.
+    assert results["eval_num_samples"] == results["eval_samples"] == 2 * EVAL_PER_TASK
+    assert results["eval_num_samples_mnist"] == results["eval_num_samples_mnistm"] == EVAL_PER_TASK
+    # The logged loss is the mean over both ranks, not their sum: compare with the one-process run
+    # (same seed, same global batch of 8; RandAugment draws differ, hence the tolerance).
+    single_loss = logged_losses(single_run[0])[1]
+    ddp_loss = logged_losses(output_dir)[1]
+    assert abs(ddp_loss - single_loss) < 0.15 * single_loss, (ddp_loss, single_loss)
+    assert (output_dir / "model.safetensors").is_file() and (output_dir / "README.md").is_file()
+
+
+# ------------------------------------------------------------------------------------------- real data
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} (local MNIST / MNIST-M) not present")
+def test_short_training_on_real_mnist_and_mnist_m(tmp_path):
+    """A couple of minutes on 1000 MNIST + 1000 MNIST-M images: clearly better than chance on both."""
+    output_dir = tmp_path / "real"
+    args = [
+        "--output_dir",
+        str(output_dir),
+        "--data_dir",
+        str(SHARED_DATA),
+        "--task_names",
+        "mnist",
+        "mnistm",
+        "--config_overrides",
+        "hidden_size=64,code_dim=64,attention_head_size=32,type_inference_hidden_size=64,patch_size=8,"
+        "num_function_iterations=2,num_functions=4",
+        "--max_train_samples",
+        "1000",
+        "--max_eval_samples",
+        "300",
+        "--num_train_epochs",
+        "4",
+        "--per_device_train_batch_size",
+        "32",
+        "--learning_rate",
+        "2e-3",
+        "--randaugment",
+        "false",
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--use_cpu",
+        "true",
+    ]
+    with one_thread():
+        results = run_digits.main(args)
+    assert results["eval_num_samples_mnist"] == results["eval_num_samples_mnistm"] == 300
+    assert results["eval_accuracy_mnist"] > 0.5, results
+    assert results["eval_accuracy_mnistm"] > 0.3, results

@@ -1,0 +1,198 @@
+"""Tests of examples/run_fuzzy_boolean.py: the quick protocol end to end, R^2, and adaptation freezing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
+from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "run_fuzzy_boolean.py"
+SETTINGS = ("cls_tokens", "type_inference", "all")
+
+
+def _load_script() -> ModuleType:
+    """Import the example script as a module (registered in sys.modules, as dataclasses need)."""
+    name = "run_fuzzy_boolean"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    return _load_script()
+
+
+@pytest.fixture(scope="module")
+def quick_run(script: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """Run `--protocol quick` once in-process; return (returned results, output_dir)."""
+    output_dir = tmp_path_factory.mktemp("fuzzy_boolean_quick")
+    threads = torch.get_num_threads()
+    try:
+        results = script.main(
+            ["--protocol", "quick", "--output_dir", str(output_dir), "--disable_tqdm", "true"]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return results, output_dir
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    model = NeuralInterpreterForSetRegression.from_pretrained(str(path))
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+# --- R^2 ------------------------------------------------------------------------------------------------
+
+
+def test_r2_hand_example(script: ModuleType) -> None:
+    """R^2 = 1 - SSE/SST per column, by hand; constant targets give 1 (exact) or -inf."""
+    targets = np.array([[1.0, 0.0, 2.0], [2.0, 1.0, 2.0], [3.0, 0.0, 2.0], [4.0, 1.0, 2.0]])
+    predictions = np.array([[1.0, 0.5, 2.0], [2.0, 0.5, 2.0], [3.0, 0.5, 2.0], [5.0, 0.5, 2.0]])
+    # Column 0: SSE = 1, mean 2.5, SST = 2.25 + 0.25 + 0.25 + 2.25 = 5 -> 0.8.
+    # Column 1: predicting the mean -> 0. Column 2: constant target predicted exactly -> 1.
+    r2 = script.r2_per_function(predictions, targets)
+    np.testing.assert_allclose(r2, [0.8, 0.0, 1.0])
+    assert script.r2_per_function(np.array([2.0, 2.5]), np.array([2.0, 2.0]))[0] == -np.inf
+    # Agrees with scikit-learn on random data, and accepts tensors.
+    from sklearn.metrics import r2_score
+
+    rng = np.random.default_rng(0)
+    y, p = rng.random((50, 4)), rng.random((50, 4))
+    np.testing.assert_allclose(
+        script.r2_per_function(torch.from_numpy(p), torch.from_numpy(y)),
+        r2_score(y, p, multioutput="raw_values"),
+    )
+
+
+def test_whole_batch_dataset(script: ModuleType) -> None:
+    """__getitems__ returns the batch in one index, and the collator passes it through unchanged."""
+    x, y = torch.rand(10, 5), torch.rand(10, 3)
+    ds = script.TensorBatchDataset(x, y)
+    batch = script.batch_collator(ds.__getitems__([3, 1, 7]))
+    torch.testing.assert_close(batch["inputs"], x[[3, 1, 7]])
+    torch.testing.assert_close(batch["labels"], y[[3, 1, 7]])
+    stacked = script.batch_collator([ds[3], ds[1]])
+    torch.testing.assert_close(stacked["inputs"], x[[3, 1]])
+
+
+# --- adaptation groups ----------------------------------------------------------------------------------
+
+
+def test_set_adaptation_trainable_groups(script: ModuleType) -> None:
+    """Each setting makes exactly its groups trainable; the groups partition the parameters."""
+    config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", num_scripts=2, num_function_iterations=1)
+    model = NeuralInterpreterForSetRegression(config)
+    groups = {name: script.parameter_group(name) for name, _ in model.named_parameters()}
+    assert groups["neural_interpreter.task_tokens"] == "task_tokens"
+    assert groups["neural_interpreter.scripts.1.signatures"] == "type_matching"
+    assert groups["neural_interpreter.scripts.0.type_inference.layers.0.weight"] == "type_matching"
+    assert groups["neural_interpreter.scripts.0.type_inference.norm.weight"] == "type_matching"
+    assert groups["neural_interpreter.scripts.0.codes"] == "other"
+    assert groups["neural_interpreter.scripts.0.sigma"] == "other"
+    assert groups["input_projection.weight"] == groups["input_position_embeddings"] == "other"
+    assert all(group == "other" for name, group in groups.items() if name.startswith("regressor."))
+    expected = {
+        "cls_tokens": {"task_tokens"},
+        "type_inference": {"task_tokens", "type_matching"},
+        "all": {"task_tokens", "type_matching", "other"},
+    }
+    for setting, trainable_groups in expected.items():
+        counts = script.set_adaptation_trainable(model, setting)
+        for name, param in model.named_parameters():
+            assert param.requires_grad == (groups[name] in trainable_groups), (setting, name)
+        assert sum(counts.values()) == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="Unknown adaptation setting"):
+        script.set_adaptation_trainable(model, "bogus")
+
+
+# --- the quick protocol end to end ----------------------------------------------------------------------
+
+
+def test_quick_protocol_writes_results(quick_run: tuple[dict[str, Any], Path]) -> None:
+    """The quick run writes the JSON (pre-training + three settings, paper values) and the Markdown table."""
+    returned, output_dir = quick_run
+    results = json.loads((output_dir / "fuzzy_boolean_results.json").read_text())
+    assert results["protocol"]["protocol"] == "quick"
+    pre = results["pretraining"]
+    assert pre["num_functions"] == 20 and len(pre["r2_per_function"]) == 20
+    assert np.isfinite(pre["r2_mean"]) and pre["paper_r2_mean"] == 0.9983
+    assert pre["train_steps"] == 4
+    assert set(results["adaptation"]) == set(SETTINGS)
+    for setting in SETTINGS:
+        res = results["adaptation"][setting]
+        assert (
+            len(res["r2_per_function"]) == 10 and np.isfinite(res["r2_mean"]) and np.isfinite(res["r2_std"])
+        )
+        assert res["train_steps"] == 2
+        assert res["r2_mean"] == pytest.approx(np.mean(res["r2_per_function"]))
+    assert results["adaptation"]["cls_tokens"]["paper_r2_mean"] == 0.9202
+    assert (
+        results["timing"]["bare_step"]["median_s"] > 0 and results["timing"]["trainer_step"]["median_s"] > 0
+    )
+    assert returned["pretraining"]["r2_mean"] == pytest.approx(pre["r2_mean"])
+    markdown = (output_dir / "fuzzy_boolean_results.md").read_text()
+    assert "0.9983" in markdown and "0.9953" in markdown and "Finetuning CLS tokens" in markdown
+
+
+def test_pretrained_checkpoint_reloads(quick_run: tuple[dict[str, Any], Path]) -> None:
+    """The saved pre-trained checkpoint reloads and reproduces the reported pre-training R^2."""
+    results, output_dir = quick_run
+    model = NeuralInterpreterForSetRegression.from_pretrained(str(output_dir / "pretrain")).eval()
+    assert model.config.task_names == [f"f{i}" for i in range(20)]
+    data = make_fuzzy_boolean_tensors(points_per_function=results["protocol"]["points_per_function"], seed=0)
+    x, y = data["pretrain"]["test"]
+    with torch.no_grad():
+        predictions = model(inputs=x).predictions
+    script = _load_script()
+    np.testing.assert_allclose(
+        script.r2_per_function(predictions, y),
+        results["pretraining"]["r2_per_function"],
+        rtol=1e-4,
+        atol=1e-6,
+    )
+
+
+def test_adaptation_freezing(quick_run: tuple[dict[str, Any], Path]) -> None:
+    """(a) only CLS tokens change; (b) also type inference + signatures; (c) every parameter that gets a gradient."""
+    _, output_dir = quick_run
+    script = _load_script()
+    pretrained = _state(output_dir / "pretrain")
+    unused = {"neural_interpreter.patch_embedding.weight", "neural_interpreter.patch_embedding.bias"}
+    for setting in SETTINGS:
+        adapted = _state(output_dir / f"adapt-{setting}")
+        assert set(adapted) == set(pretrained)
+        assert adapted["neural_interpreter.task_tokens"].shape[0] == 10
+        for name, before in pretrained.items():
+            if name == "neural_interpreter.task_tokens":
+                continue
+            group = script.parameter_group(name)
+            changed = not torch.equal(before, adapted[name])
+            should_change = group in script.SETTING_GROUPS[setting] and name not in unused
+            assert changed == should_change, (setting, name, group, changed)
+
+
+def test_phase_training_arguments_are_flagged(script: ModuleType) -> None:
+    """Per-phase TrainingArguments the protocol overrides are reported, defaults are not."""
+    _, args = script.parse_args(["--output_dir", "unused"])
+    assert script.ignored_training_arguments(args) == []
+    assert args.max_grad_norm == 0.0 and args.remove_unused_columns is False and args.save_strategy == "no"
+    _, args = script.parse_args(
+        ["--output_dir", "unused", "--learning_rate", "1e-3", "--lr_scheduler_type", "cosine"]
+    )
+    ignored = script.ignored_training_arguments(args)
+    assert len(ignored) == 2 and "--pretrain_learning_rate" in ignored[0]
