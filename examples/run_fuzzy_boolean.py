@@ -192,7 +192,7 @@ class FuzzyBooleanArguments:
         default=1,
         metadata={
             "help": "torch.set_num_threads (0: leave PyTorch's default of one thread per core). On a shared 2-core "
-            "machine one thread measured 2-4x faster per step than two under load (see examples/README.md, "Fuzzy Boolean")."
+            "machine one thread measured 2-4x faster per step than two under load (see the Fuzzy Boolean section of examples/README.md)."
         },
     )
 
