@@ -215,7 +215,7 @@ def test_loc_leaves_a_stream_unchanged_where_compatibility_is_zero(tester):
     codes = torch.randn(u, config.code_dim)
     for impl in ("eager", "sdpa"):
         config._attn_implementation = impl
-        y = loc(x, c, codes, config.num_task_tokens)
+        y = loc(x, c, codes, loc.position_bias(codes, config.num_task_tokens))
         torch.testing.assert_close(y[1, 0, 3], x[1, 0, 3], rtol=0, atol=0)
         torch.testing.assert_close(y[2], x[2], rtol=0, atol=0)
         assert not torch.allclose(y[0], x[0])

@@ -284,9 +284,12 @@ class LineOfCode(nn.Module):
         x: torch.Tensor,
         compatibilities: torch.Tensor,
         codes: torch.Tensor,
-        num_prefix_tokens: int | None,
+        position_bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        """x (B, N, d) shared by all streams or (U, B, N, d); compatibilities (U, B, N) -> (U, B, N, d)."""
+        """x (B, N, d) shared by all streams or (U, B, N, d); compatibilities (U, B, N) -> (U, B, N, d).
+
+        position_bias: this LOC's (U, H, N, N) relative positional bias (see `NeuralInterpreterScript`), or None.
+        """
         u = codes.shape[0]
         h = self.attention_norm(x)
         b, n = h.shape[-3], h.shape[-2]
@@ -301,9 +304,6 @@ class LineOfCode(nn.Module):
         # Separate q, k, v matmuls: a fused one is no faster, and the backward of its split costs a full copy.
         q, k, v = heads(self.query), heads(self.key), heads(self.value)
 
-        position_bias = None
-        if self.position_bias is not None and num_prefix_tokens is not None:
-            position_bias = self.position_bias(codes, num_prefix_tokens)
         attention = ATTENTION_FUNCTIONS.get(
             self.config._attn_implementation or "sdpa", modulated_attention_sdpa
         )
@@ -366,18 +366,28 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
             truncated = truncated * function_mask[:, None, None].to(truncated.dtype)
         return truncated / (self.config.kernel_eps + truncated.sum(dim=0, keepdim=True))
 
+    def position_biases(self, num_prefix_tokens: int) -> torch.Tensor | None:
+        """(L, U, H, N, N): every LOC's positional bias, computed once per forward, not per iteration or sample."""
+        if not self.config.use_relative_positional_bias:
+            return None
+        return torch.stack([loc.position_bias(self.codes, num_prefix_tokens) for loc in self.locs])
+
     def forward(
         self,
         hidden_states: torch.Tensor,
-        num_prefix_tokens: int | None = None,
+        position_biases: torch.Tensor | None = None,
         function_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One function iteration (Eq. 8): y_i = sum_u C_ui LOC_stack_u(x)_i. Returns (y, C (U,B,N), types)."""
+        """One function iteration (Eq. 8): y_i = sum_u C_ui LOC_stack_u(x)_i. Returns (y, C (U,B,N), types).
+
+        position_biases: from `position_biases` (patch inputs), or None (a set without positions).
+        """
         types = self.type_inference(hidden_states)
         compatibilities = self.compatibilities(types, function_mask)
         streams = hidden_states  # every stream starts from the same x: kept unexpanded for the first LOC
-        for loc in self.locs:
-            streams = loc(streams, compatibilities, self.codes, num_prefix_tokens)
+        for i, loc in enumerate(self.locs):
+            bias = None if position_biases is None else position_biases[i]
+            streams = loc(streams, compatibilities, self.codes, bias)
         output = (compatibilities.unsqueeze(-1) * streams).sum(dim=0)
         if self.config.outer_residual:
             output = hidden_states + output
@@ -591,8 +601,9 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         all_compat = () if output_routing else None
         all_types = () if output_routing else None
         for script, n_iter, mask in zip(self.scripts, iterations, function_masks, strict=True):
+            biases = script.position_biases(num_prefix) if is_patch_grid and n_iter > 0 else None
             for _ in range(n_iter):
-                hidden, compat, types = script(hidden, num_prefix if is_patch_grid else None, mask)
+                hidden, compat, types = script(hidden, biases, mask)
                 if output_hidden_states:
                     all_hidden += (hidden,)
                 if output_routing:
