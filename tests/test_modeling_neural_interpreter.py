@@ -507,3 +507,12 @@ def test_add_functions_extends_every_script_and_reloads(tester, tmp_path):
     again = NeuralInterpreterForImageClassification.from_pretrained(tmp_path).eval()
     assert again.config.num_functions == 5
     torch.testing.assert_close(again(pixel_values=x).logits, model(pixel_values=x).logits)
+
+
+def test_a_collapsed_or_negative_sigma_gives_no_nan(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    for script in model.neural_interpreter.scripts:
+        script.sigma.data.fill_(-1e-3)  # unclamped, exp(d / 1e-3) overflows to inf and inf / inf = NaN
+    out = model(**tester.prepare_inputs(config))
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)

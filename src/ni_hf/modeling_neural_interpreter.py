@@ -358,7 +358,8 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         """Eqs. 3-4: C_ui = C~_ui / (eps + sum_u C~_ui), C~_ui = exp(-d_ui / sigma) if d_ui <= tau else 0."""
         signatures = F.normalize(self.signatures, dim=-1)
         distance = 1.0 - torch.einsum("bnt,ut->ubn", types, signatures)  # (U, B, N)
-        kernel = torch.exp(-distance / self.sigma)
+        # sigma is learned freely; a floor keeps a sigma driven to 0 (or below) from turning d / sigma into NaN.
+        kernel = torch.exp(-distance / self.sigma.clamp_min(1e-4))
         truncated = torch.where(distance <= self.config.truncation_tau, kernel, 0.0)
         if self.config.straight_through:
             truncated = kernel + (truncated - kernel).detach()
