@@ -14,8 +14,13 @@ from ni_hf import (
     NeuralInterpreterModel,
 )
 from ni_hf.modeling_neural_interpreter import (
+    _AttentionWithRecompute,
+    _GatedModLin,
+    _NormModLin,
     modulated_attention_eager,
+    modulated_attention_matmul,
     modulated_attention_sdpa,
+    modulated_attention_sdpa_kernel,
     patchify,
 )
 
@@ -167,15 +172,110 @@ def _attention_inputs(u=3, b=2, h=2, n=6, hd=4, dv=5, reject_all_for=1):
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_sdpa_attention_matches_literal_formula(with_bias):
+@pytest.mark.parametrize(
+    "attention", [modulated_attention_sdpa_kernel, modulated_attention_matmul, modulated_attention_sdpa]
+)
+def test_fast_attention_paths_match_literal_formula_and_its_gradients(attention, with_bias):
+    """The SDPA kernel (GPU path), the matmul path (CPU) and the dispatcher all compute Eq. 6 exactly."""
     q, k, v, c, bias = _attention_inputs()
     bias = bias if with_bias else None
-    eager = modulated_attention_eager(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
-    sdpa = modulated_attention_sdpa(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
-    assert torch.isfinite(sdpa).all() and torch.isfinite(eager).all()
-    torch.testing.assert_close(sdpa, eager, atol=1e-5, rtol=1e-5)
+    leaves = [t.requires_grad_() for t in (q, k, v, c)]
+    results = []
+    for fn in (modulated_attention_eager, attention):
+        out = fn(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+        grads = torch.autograd.grad(out.square().sum(), leaves)
+        results.append((out, grads))
+    (eager, eager_grads), (fast, fast_grads) = results
+    assert torch.isfinite(fast).all() and torch.isfinite(eager).all()
+    torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-5)
+    for name, g_fast, g_eager in zip("qkvc", fast_grads, eager_grads, strict=True):
+        assert torch.isfinite(g_fast).all(), name
+        torch.testing.assert_close(g_fast, g_eager, atol=1e-4, rtol=1e-4, msg=name)
     rejected = (c == 0).transpose(0, 1)[:, :, None, :]  # (B, U, 1, N): queries with C_ui = 0 get exactly 0
-    assert (sdpa[rejected.expand(-1, -1, sdpa.shape[2], -1)] == 0).all()
+    assert (fast[rejected.expand(-1, -1, fast.shape[2], -1)] == 0).all()
+
+
+def test_matmul_path_reads_strided_query_and_key_views():
+    """The LOC hands over permuted views of one projection; the result must not depend on the memory layout."""
+    q, k, v, c, bias = _attention_inputs()
+    strided = [t.permute(0, 3, 1, 2, 4).contiguous().permute(0, 2, 3, 1, 4) for t in (q, k, v)]
+    assert not strided[0].is_contiguous()
+    expected = modulated_attention_eager(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    got = modulated_attention_matmul(*strided, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+# --- memory-lean custom autograd Functions: exact gradients (float64 finite differences) -------------------
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_with_recompute_has_exact_gradients(with_bias):
+    torch.manual_seed(0)
+    b, u, h, n, dh, dv = 2, 3, 2, 5, 4, 3
+    q, k = torch.randn(b, u, h, n, dh, dtype=torch.double), torch.randn(b, u, h, n, dh, dtype=torch.double)
+    v = torch.randn(b, u, h, n, dv, dtype=torch.double)
+    c_key = torch.rand(b, u, 1, n, 1, dtype=torch.double)
+    c_key[0, 0, 0, 1] = 0.0
+    bias = torch.randn(u, h, n, n, dtype=torch.double) if with_bias else None
+    inputs = [t.requires_grad_() for t in (q, k, v, c_key)] + ([bias.requires_grad_()] if with_bias else [])
+    if with_bias:
+        assert torch.autograd.gradcheck(lambda *a: _AttentionWithRecompute.apply(*a, 0.7), inputs)
+    else:
+        assert torch.autograd.gradcheck(lambda *a: _AttentionWithRecompute.apply(*a, None, 0.7), inputs)
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gated_mod_lin_has_exact_gradients(gelu, with_bias):
+    torch.manual_seed(0)
+    u, b, n, d_in, d_out = 3, 2, 4, 5, 6
+    x = torch.randn(u, b, n, d_in, dtype=torch.double, requires_grad=True)
+    weight = torch.randn(u, d_out, d_in, dtype=torch.double, requires_grad=True)
+    bias = torch.randn(d_out, dtype=torch.double, requires_grad=True) if with_bias else None
+    gate = torch.rand(u, b, n, 1, dtype=torch.double)
+    gate[0, 0, 0] = 0.0  # a rejected token still gets its gate gradient
+    gate.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x, w, g: _GatedModLin.apply(x, w, bias, g, gelu), (x, weight, gate)
+    )
+    if with_bias:
+        assert torch.autograd.gradcheck(lambda b_: _GatedModLin.apply(x, weight, b_, gate, gelu), (bias,))
+
+
+def test_norm_mod_lin_has_exact_gradients():
+    torch.manual_seed(0)
+    u, b, n, d_in, d_out = 3, 2, 4, 5, 6
+    x = torch.randn(u, b, n, d_in, dtype=torch.double, requires_grad=True)
+    norm_weight = torch.randn(d_in, dtype=torch.double, requires_grad=True)
+    norm_bias = torch.randn(d_in, dtype=torch.double, requires_grad=True)
+    weight = torch.randn(u, d_out, d_in, dtype=torch.double, requires_grad=True)
+    bias = torch.randn(d_out, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda *a: _NormModLin.apply(a[0], a[1], a[2], 1e-5, a[3], a[4]),
+        (x, norm_weight, norm_bias, weight, bias),
+    )
+
+
+def test_lean_loc_equals_the_plain_composition_in_outputs_and_gradients(tester):
+    """Training with dropout takes the plain LOC (addcmul, nn.LayerNorm, F.gelu); p ~ 0 makes it comparable."""
+    config = tester.get_config(hidden_dropout_prob=1e-12, truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config)
+    inputs = tester.prepare_inputs(config)
+    results = []
+    for train in (False, True):  # eval: the lean Functions; train with dropout > 0: the plain modules
+        model.train(train)
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        results.append(
+            (out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        )
+    (lean_logits, lean_grads), (plain_logits, plain_grads) = results
+    torch.testing.assert_close(lean_logits, plain_logits, atol=1e-5, rtol=1e-5)
+    assert lean_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(lean_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("model_class", [NeuralInterpreterModel, NeuralInterpreterForImageClassification])

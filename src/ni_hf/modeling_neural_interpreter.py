@@ -4,7 +4,8 @@ Layout of the computation: every function u of a script runs on every token, so 
 are folded into the leading (batch) dimension of one tensor, shape (U, B, N, d); per-function quantities
 (code modulations, positional biases) are computed once per forward from the U code vectors, never per
 token. Attention goes through one dispatch point: "sdpa" (torch's scaled_dot_product_attention with the
-key compatibilities folded into the values) or "eager" (the literal formula of Eq. 6).
+key compatibilities folded into the values; on CPU, where torch has no fused kernel for these head sizes, the
+same computation with two batched matmuls) or "eager" (the literal formula of Eq. 6).
 """
 
 from __future__ import annotations
@@ -143,6 +144,113 @@ def apply_function_weights(
     return y if function_first else y.permute(1, 2, 0, 3)
 
 
+class _AutocastState:
+    """The autocast state of a custom Function's forward, re-entered by its backward (as torch.amp.custom_bwd)."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.enabled = torch.is_autocast_enabled(device_type)
+        self.dtype = torch.get_autocast_dtype(device_type) if self.enabled else None
+
+    def __call__(self) -> torch.autocast:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+
+
+class _GatedModLin(torch.autograd.Function):
+    """gate * ModLin(act(x); c_u) for the U functions (a gated LOC output, Eq. 7), keeping x but not the product.
+
+    dL/dgate = sum_o g_o (x W_u^T + b)_o = (g W_u) . x + g . b reuses the matmul g W_u that dL/dx needs, so the
+    (U, B, N, out) output of the layer is not kept for the backward; with `gelu=True` the GELU of the MLP's
+    hidden layer is applied here and recomputed in the backward, so only its input is kept.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, gate, gelu):
+        ctx.autocast = _AutocastState(x.device.type)
+        ctx.gelu = gelu
+        num_functions = weight.shape[0]
+        inputs = F.gelu(x) if gelu else x
+        y = apply_function_weights(inputs, weight, None if bias is None else bias.expand(num_functions, -1))
+        ctx.save_for_backward(x, weight, bias, gate)
+        return y.mul_(gate)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, gate = ctx.saved_tensors
+        u, b, n, in_features = x.shape
+        with ctx.autocast():
+            grad = grad.reshape(u, b * n, -1)
+            inputs = F.gelu(x) if ctx.gelu else x
+            flat_x = inputs.reshape(u, b * n, in_features)
+            flat_gate = gate.reshape(u, b * n, 1)
+            grad_w = torch.bmm(grad, weight)  # g W_u: (U, B*N, in)
+            grad_x = None
+            if ctx.needs_input_grad[0]:
+                grad_x = (grad_w * flat_gate).view_as(x)
+                if ctx.gelu:
+                    grad_x = torch.ops.aten.gelu_backward(grad_x, x.to(grad_x.dtype))
+                grad_x = grad_x.to(x.dtype)
+            grad_gate = None
+            if ctx.needs_input_grad[3]:
+                grad_gate = (grad_w * flat_x).sum(-1, keepdim=True, dtype=torch.float32)
+                if bias is not None:
+                    grad_gate = grad_gate + (grad.float() @ bias.float()).unsqueeze(-1)
+                grad_gate = grad_gate.view_as(gate).to(gate.dtype)
+            gated_grad = grad * flat_gate
+            grad_weight = torch.bmm(gated_grad.transpose(1, 2), flat_x).to(weight.dtype)
+            grad_bias = None if bias is None else gated_grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
+        return grad_x, grad_weight, grad_bias, grad_gate, None
+
+
+def gated_mod_lin(
+    projection: ModLin, x: torch.Tensor, codes: torch.Tensor, gate: torch.Tensor, gelu: bool = False
+) -> torch.Tensor:
+    """gate (U, B, N, 1) * ModLin(GELU(x) if gelu else x; c_u) -> (U, B, N, out), through `_GatedModLin`."""
+    return _GatedModLin.apply(x, projection.function_weights(codes), projection.bias, gate, gelu)
+
+
+class _NormModLin(torch.autograd.Function):
+    """ModLin(LayerNorm(x); c_u) for the U functions, keeping x and its statistics, not the normalised x."""
+
+    @staticmethod
+    def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias):
+        ctx.autocast = _AutocastState(x.device.type)
+        ctx.eps = eps
+        normed, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)
+        num_functions = weight.shape[0]
+        y = apply_function_weights(normed, weight, None if bias is None else bias.expand(num_functions, -1))
+        ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, weight, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, mean, rstd, norm_weight, norm_bias, weight, bias = ctx.saved_tensors
+        u, b, n, in_features = x.shape
+        with ctx.autocast():
+            normed = (x - mean) * rstd
+            if norm_weight is not None:
+                normed = normed * norm_weight + norm_bias
+            grad = grad.reshape(u, b * n, -1)
+            grad_weight = torch.bmm(
+                grad.transpose(1, 2), normed.reshape(u, b * n, in_features).to(grad.dtype)
+            )
+            grad_bias = None if bias is None else grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
+            grad_normed = torch.bmm(grad, weight.to(grad.dtype)).view_as(x).to(x.dtype)
+        grad_x, grad_norm_weight, grad_norm_bias = torch.ops.aten.native_layer_norm_backward(
+            grad_normed, x, x.shape[-1:], mean, rstd, norm_weight, norm_bias, list(ctx.needs_input_grad[:3])
+        )
+        return grad_x, grad_norm_weight, grad_norm_bias, None, grad_weight.to(weight.dtype), grad_bias
+
+
+def norm_mod_lin(
+    norm: nn.LayerNorm, projection: ModLin, x: torch.Tensor, codes: torch.Tensor
+) -> torch.Tensor:
+    """ModLin(LayerNorm(x (U, B, N, in)); c_u) -> (U, B, N, out), through `_NormModLin`."""
+    return _NormModLin.apply(
+        x, norm.weight, norm.bias, norm.eps, projection.function_weights(codes), projection.bias
+    )
+
+
 class ModMLP(nn.Module):
     """ModMLP(x; c) = ModLin(GELU(ModLin(x; c)); c), hidden width d (Eq. 5)."""
 
@@ -223,7 +331,107 @@ def modulated_attention_eager(
     return weights @ value
 
 
-def modulated_attention_sdpa(
+def _compatibility_columns(value: torch.Tensor, c_key: torch.Tensor) -> torch.Tensor:
+    """[C_uj v_j, C_uj] (B, U, H, N, dv + 1): values scaled by the key compatibilities, plus C_uj as a column."""
+    b, u, h, n, _ = value.shape
+    return torch.cat([value * c_key, c_key.expand(b, u, h, n, 1)], dim=-1)
+
+
+class _AttentionWithRecompute(torch.autograd.Function):
+    """softmax(q k^T * scale + bias) @ [C_uj v_j, C_uj], keeping q, k, v and the output, not the N x N weights.
+
+    The backward recomputes the attention weights from q and k (one batched matmul and a softmax), as
+    FlashAttention does, and uses rowsum(dO * O) for the softmax gradient; the (B, U, H, N, N) tensors are
+    transient in both passes.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, c_key, position_bias, scale):
+        ctx.autocast = _AutocastState(query.device.type)
+        query, key = query.contiguous(), key.contiguous()
+        probs = _attention_probs(query, key, position_bias, scale)
+        out = probs @ _compatibility_columns(value, c_key)
+        ctx.scale = scale
+        ctx.save_for_backward(query, key, value, c_key, position_bias, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, c_key, position_bias, out = ctx.saved_tensors
+        with ctx.autocast():
+            probs = _attention_probs(query, key, position_bias, ctx.scale)
+            columns = _compatibility_columns(value, c_key)
+            grad_out = grad_out.to(probs.dtype)
+            grad_columns = probs.transpose(-1, -2) @ grad_out
+            # dL/dlogits = P * (dL/dP - rowsum(dO * O)), in place on the one N x N buffer.
+            grad_logits = grad_out @ columns.transpose(-1, -2)
+            grad_logits.sub_((grad_out * out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(probs)
+            del probs
+            grad_bias = None
+            if position_bias is not None and ctx.needs_input_grad[4]:
+                grad_bias = grad_logits.sum(0).to(position_bias.dtype)
+            if ctx.scale != 1.0:
+                grad_logits.mul_(ctx.scale)
+            grad_query = grad_logits @ key.to(grad_logits.dtype)
+            grad_key = grad_logits.transpose(-1, -2) @ query.to(grad_logits.dtype)
+            grad_scaled_values, grad_c_column = grad_columns.split([value.shape[-1], 1], dim=-1)
+            grad_value = grad_scaled_values * c_key
+            grad_c_key = ((grad_scaled_values * value).sum(-1, keepdim=True) + grad_c_column).sum(
+                2, keepdim=True
+            )
+        return (
+            grad_query.to(query.dtype),
+            grad_key.to(key.dtype),
+            grad_value.to(value.dtype),
+            grad_c_key.to(c_key.dtype),
+            grad_bias,
+            None,
+        )
+
+
+def _attention_probs(
+    query: torch.Tensor, key: torch.Tensor, position_bias: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """softmax_j(q_i . k_j * scale + bias_ij) for contiguous q, k; k is read transposed, without a copy."""
+    logits = torch.matmul(query, key.transpose(-1, -2))
+    if scale != 1.0:
+        logits = logits * scale
+    if position_bias is not None:
+        logits = logits + position_bias.to(logits.dtype)
+    return torch.softmax(logits, dim=-1)
+
+
+def modulated_attention_matmul(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """Eq. 6 exactly, as `modulated_attention_sdpa` computes it, with two batched matmuls and a softmax.
+
+    The path "sdpa" takes on CPU: PyTorch has no fused CPU kernel for a value head size (dv + 1) that differs
+    from the query/key head size, and its math fallback rescales q and k by sqrt(scale) (two extra passes over
+    the largest tensors of the layer, forward and backward) and keeps the N x N weights for the backward. Here
+    `scale` multiplies the logits only when it is not 1 (the LOC folds it into the query weights), and without
+    dropout the weights are recomputed in the backward (`_AttentionWithRecompute`).
+    """
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    bias = None if position_bias is None else position_bias * scale
+    if dropout > 0:
+        probs = F.dropout(_attention_probs(query.contiguous(), key.contiguous(), bias, scale), p=dropout)
+        out = probs @ _compatibility_columns(value, c_key)
+    else:
+        out = _AttentionWithRecompute.apply(query, key, value, c_key, bias, scale)
+    # split, not two slices: its backward is one cat, where slicing backward zero-fills a full tensor twice.
+    numerator, total = out.split([out.shape[-1] - 1, 1], dim=-1)
+    return _gated_normalise(numerator, total, c_key, eps)
+
+
+def modulated_attention_sdpa_kernel(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -243,7 +451,7 @@ def modulated_attention_sdpa(
     """
     b, u, h, n, _ = query.shape
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
-    value = torch.cat([value * c_key, c_key.expand(b, u, h, n, 1)], dim=-1)
+    value = _compatibility_columns(value, c_key)
     mask = None if position_bias is None else (position_bias * scale).to(query.dtype).flatten(0, 1)
     out = F.scaled_dot_product_attention(
         query.flatten(1, 2),
@@ -253,7 +461,28 @@ def modulated_attention_sdpa(
         dropout_p=dropout,
         scale=scale,
     ).unflatten(1, (u, h))
-    return _gated_normalise(out[..., :-1], out[..., -1:], c_key, eps)
+    # split, not two slices: its backward is one cat, where slicing backward zero-fills a full tensor twice.
+    numerator, total = out.split([out.shape[-1] - 1, 1], dim=-1)
+    return _gated_normalise(numerator, total, c_key, eps)
+
+
+def modulated_attention_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """The "sdpa" implementation: `modulated_attention_sdpa_kernel`, or on CPU `modulated_attention_matmul`.
+
+    PyTorch has no fused CPU kernel for these head sizes, and its CPU math fallback is slower than the
+    explicit matmuls, which compute the same formula.
+    """
+    fn = modulated_attention_matmul if query.device.type == "cpu" else modulated_attention_sdpa_kernel
+    return fn(query, key, value, compatibilities, position_bias, scale, eps, dropout)
 
 
 ATTENTION_FUNCTIONS = {"eager": modulated_attention_eager, "sdpa": modulated_attention_sdpa}
@@ -293,16 +522,18 @@ class LineOfCode(nn.Module):
         u = codes.shape[0]
         h = self.attention_norm(x)
         b, n = h.shape[-3], h.shape[-2]
+        scale = 1.0 / math.sqrt(self.head_size)
 
-        def heads(projection: ModLin) -> torch.Tensor:
-            """(B, U, H, N, .): a view of the matmul's (B, N, U, H, .) output when the input is shared."""
-            y = apply_function_weights(
-                h, projection.function_weights(codes), projection.function_bias(u), False
-            )
+        def heads(projection: ModLin, factor: float = 1.0) -> torch.Tensor:
+            """(B, U, H, N, .) for the U functions; `factor` is folded into the (U, out, in) weights."""
+            weight = projection.function_weights(codes)
+            if factor != 1.0:
+                weight = weight * factor
+            y = apply_function_weights(h, weight, projection.function_bias(u), False)
             return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
-        # Separate q, k, v matmuls: a fused one is no faster, and the backward of its split costs a full copy.
-        q, k, v = heads(self.query), heads(self.key), heads(self.value)
+        # The softmax scale is folded into the query weights (U x out x in numbers, not B x U x N x out).
+        q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
 
         attention = ATTENTION_FUNCTIONS.get(
             self.config._attn_implementation or "sdpa", modulated_attention_sdpa
@@ -312,15 +543,21 @@ class LineOfCode(nn.Module):
             k,
             v,
             compatibilities,
-            position_bias,
-            scale=1.0 / math.sqrt(self.head_size),
+            None if position_bias is None else position_bias * scale,
+            scale=1.0,
             eps=self.config.attention_eps,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
         )
         attended = attended.permute(1, 0, 3, 2, 4).reshape(u, b, n, -1)  # (B, U, H, N, dv) -> (U, B, N, d)
         gate = compatibilities.unsqueeze(-1)
-        a = torch.addcmul(x, gate, self.dropout(self.output(attended, codes)))
-        return torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
+        if self.training and self.config.hidden_dropout_prob > 0:
+            a = torch.addcmul(x, gate, self.dropout(self.output(attended, codes)))
+            return torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
+        # Without dropout, the gated products, the MLP's LayerNorm and its GELU are formed inside custom
+        # Functions that keep only their inputs for the backward (cheap elementwise work is recomputed there).
+        a = x + gated_mod_lin(self.output, attended, codes, gate)
+        hidden = norm_mod_lin(self.mlp_norm, self.mlp.fc1, a, codes)
+        return a + gated_mod_lin(self.mlp.fc2, hidden, codes, gate, gelu=True)
 
 
 class TypeInference(nn.Module):
