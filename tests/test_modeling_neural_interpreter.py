@@ -616,3 +616,26 @@ def test_a_collapsed_or_negative_sigma_gives_no_nan(tester):
         script.sigma.data.fill_(-1e-3)  # unclamped, exp(d / 1e-3) overflows to inf and inf / inf = NaN
     out = model(**tester.prepare_inputs(config))
     assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+
+
+def test_bf16_autocast_forward_and_backward_give_float32_gradients_close_to_float32(tester):
+    """The custom autograd Functions re-enter the forward's autocast state in their backward."""
+    config = tester.get_config()
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    inputs = tester.prepare_inputs(config)
+    reference = model(**inputs)
+    reference.loss.backward()
+    reference_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**inputs)
+    out.loss.backward()
+    assert out.logits.dtype == torch.bfloat16
+    torch.testing.assert_close(out.loss.float(), reference.loss, atol=0.05, rtol=0.05)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == reference_grads.keys()
+    total_error = sum((grads[n] - g).norm() ** 2 for n, g in reference_grads.items()) ** 0.5
+    total_norm = sum(g.norm() ** 2 for g in reference_grads.values()) ** 0.5
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
+    assert total_error / total_norm < 0.1
