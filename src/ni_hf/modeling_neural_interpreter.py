@@ -304,6 +304,13 @@ def _gated_normalise(
     return numerator * torch.where(nonzero, c_query / torch.where(nonzero, denominator, 1.0), 0.0)
 
 
+def _normalise_columns(out: torch.Tensor, c_key: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 6 from A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1): the value columns over the normaliser column."""
+    # split, not two slices: its backward is one cat, where slicing backward zero-fills a full tensor twice.
+    numerator, total = out.split([out.shape[-1] - 1, 1], dim=-1)
+    return _gated_normalise(numerator, total, c_key, eps)
+
+
 def modulated_attention_eager(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -426,9 +433,7 @@ def modulated_attention_matmul(
         out = probs @ _compatibility_columns(value, c_key)
     else:
         out = _AttentionWithRecompute.apply(query, key, value, c_key, bias, scale)
-    # split, not two slices: its backward is one cat, where slicing backward zero-fills a full tensor twice.
-    numerator, total = out.split([out.shape[-1] - 1, 1], dim=-1)
-    return _gated_normalise(numerator, total, c_key, eps)
+    return _normalise_columns(out, c_key, eps)
 
 
 def modulated_attention_sdpa_kernel(
@@ -461,9 +466,7 @@ def modulated_attention_sdpa_kernel(
         dropout_p=dropout,
         scale=scale,
     ).unflatten(1, (u, h))
-    # split, not two slices: its backward is one cat, where slicing backward zero-fills a full tensor twice.
-    numerator, total = out.split([out.shape[-1] - 1, 1], dim=-1)
-    return _gated_normalise(numerator, total, c_key, eps)
+    return _normalise_columns(out, c_key, eps)
 
 
 def modulated_attention_sdpa(
