@@ -31,6 +31,9 @@ Examples::
     python examples/run_fuzzy_boolean.py --protocol quick --output_dir /tmp/fb-quick
     python examples/run_fuzzy_boolean.py --protocol reduced --output_dir runs/fb-reduced
     python examples/run_fuzzy_boolean.py --protocol full --output_dir runs/fb-full
+    # the full protocol in pieces: checkpoint every 1024 steps; rerun the same command to continue
+    python examples/run_fuzzy_boolean.py --protocol full --output_dir runs/fb-full \
+        --save_strategy steps --save_steps 1024 --save_total_limit 2 --resume_from_checkpoint last
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.trainer_utils import get_last_checkpoint
 
 try:
     import ni_hf  # noqa: F401
@@ -411,6 +415,26 @@ def phase_arguments(
     )
 
 
+def pretraining_resume_point(resume_from_checkpoint: str | None, pretrain_dir: Path) -> str | None:
+    """The checkpoint that pre-training resumes from: a path as given, or for "true"/"last" the newest
+    ``checkpoint-*`` in ``pretrain_dir`` (written with ``--save_strategy steps --save_steps N``), or None when
+    there is none yet, so that the same command both starts and continues a run.
+
+    Long runs (the full protocol on a CPU) can so be split into pieces; the Trainer restores the model, the
+    optimizer, the RNG states and the position in the data.
+    """
+    if not resume_from_checkpoint or resume_from_checkpoint.lower() in ("false", "none"):
+        return None
+    if resume_from_checkpoint.lower() in ("true", "last", "latest"):
+        last = get_last_checkpoint(str(pretrain_dir)) if pretrain_dir.is_dir() else None
+        if last is None:
+            logger.info("No checkpoint-* in %s yet: pre-training starts from scratch", pretrain_dir)
+        return last
+    if not Path(resume_from_checkpoint).is_dir():
+        raise FileNotFoundError(f"--resume_from_checkpoint: {resume_from_checkpoint} is not a directory.")
+    return resume_from_checkpoint
+
+
 def describe_length(num_examples: int, batch_size: int, epochs: float, max_steps: int) -> str:
     """'N steps' or 'E epochs (N steps)' for a phase, as Trainer counts them (the last batch may be partial)."""
     if max_steps > 0:
@@ -701,7 +725,10 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             sizes["batch_size"],
             exp.pretrain_learning_rate,
         )
-        train_output = trainer.train()
+        resume = pretraining_resume_point(base_args.resume_from_checkpoint, pretrain_dir)
+        if resume:
+            logger.info("Resuming pre-training from %s", resume)
+        train_output = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(str(pretrain_dir))
         timing["trainer_step"] = timer.summary()
         overhead_steps = sizes["overhead_steps"]
@@ -728,6 +755,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             )
         pretrain_info = {
             "checkpoint": str(pretrain_dir),
+            "resumed_from": resume,
             "train_steps": train_output.global_step,
             "train_runtime_s": train_output.metrics.get("train_runtime"),
             "final_train_loss": train_output.training_loss,

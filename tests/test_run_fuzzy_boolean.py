@@ -196,3 +196,53 @@ def test_phase_training_arguments_are_flagged(script: ModuleType) -> None:
     )
     ignored = script.ignored_training_arguments(args)
     assert len(ignored) == 2 and "--pretrain_learning_rate" in ignored[0]
+
+
+def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: ModuleType, tmp_path: Path) -> None:
+    """4 steps, then the same command continued to 6 steps, give the weights of 6 steps in one go.
+
+    This is how the full protocol is run in pieces on a CPU: `--resume_from_checkpoint last` with periodic saves.
+    """
+    common = ["--protocol", "quick", "--settings", "none", "--overhead_steps", "0", "--disable_tqdm", "true"]
+    pieces = ["--save_strategy", "steps", "--save_steps", "2", "--resume_from_checkpoint", "last"]
+    threads = torch.get_num_threads()
+    try:
+        first = script.main([*common, *pieces, "--output_dir", str(tmp_path / "pieces")])
+        assert first["pretraining"]["train_steps"] == 4
+        assert (tmp_path / "pieces" / "pretrain" / "checkpoint-4").is_dir()
+        second = script.main(
+            [*common, *pieces, "--pretrain_max_steps", "6", "--output_dir", str(tmp_path / "pieces")]
+        )
+        straight = script.main(
+            [*common, "--pretrain_max_steps", "6", "--output_dir", str(tmp_path / "straight")]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert second["pretraining"]["train_steps"] == straight["pretraining"]["train_steps"] == 6
+    assert second["pretraining"]["resumed_from"] == str(tmp_path / "pieces" / "pretrain" / "checkpoint-4")
+    assert second["pretraining"]["step_time"]["steps_timed"] == 2  # continued, not restarted
+    resumed, uninterrupted = (
+        _state(tmp_path / "pieces" / "pretrain"),
+        _state(tmp_path / "straight" / "pretrain"),
+    )
+    initial = _state(tmp_path / "pieces" / "pretrain" / "checkpoint-4")
+    assert any(not torch.equal(initial[name], resumed[name]) for name in resumed)  # it did train on
+    for name, value in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    np.testing.assert_allclose(
+        second["pretraining"]["r2_per_function"], straight["pretraining"]["r2_per_function"], rtol=1e-4
+    )
+
+
+def test_resume_point(script: ModuleType, tmp_path: Path) -> None:
+    """'last' picks the newest checkpoint or none yet; an explicit missing path is an error naming it."""
+    assert script.pretraining_resume_point(None, tmp_path) is None
+    assert script.pretraining_resume_point("last", tmp_path / "absent") is None
+    for step in (2, 10):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    assert script.pretraining_resume_point("last", tmp_path) == str(tmp_path / "checkpoint-10")
+    assert script.pretraining_resume_point(str(tmp_path / "checkpoint-2"), tmp_path) == str(
+        tmp_path / "checkpoint-2"
+    )
+    with pytest.raises(FileNotFoundError, match="checkpoint-7"):
+        script.pretraining_resume_point(str(tmp_path / "checkpoint-7"), tmp_path)
