@@ -12,11 +12,15 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterModel,
+    modeling_neural_interpreter,
 )
 from ni_hf.modeling_neural_interpreter import (
     _AttentionWithRecompute,
+    _BilinearAttention,
     _GatedModLin,
     _NormModLin,
+    bilinear_attention_pays,
+    modulated_attention_bilinear,
     modulated_attention_eager,
     modulated_attention_matmul,
     modulated_attention_sdpa,
@@ -203,6 +207,94 @@ def test_matmul_path_reads_strided_query_and_key_views():
     expected = modulated_attention_eager(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
     got = modulated_attention_matmul(*strided, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bilinear_attention_matches_literal_formula_and_its_gradients(with_bias):
+    """q.k = h W_q^T W_k h^T: the bilinear form gives Eq. 6 and its gradients (h, W_q, W_k, v, C, bias)."""
+    torch.manual_seed(2)
+    u, b, heads, n, d, dh, dv = 3, 2, 2, 6, 5, 4, 3
+    hidden = torch.randn(b, n, d)
+    wq, wk = torch.randn(u, heads * dh, d) / 2, torch.randn(u, heads * dh, d) / 2
+    _, _, v, c, bias = _attention_inputs(u=u, b=b, h=heads, n=n, hd=dh, dv=dv)
+    bias = bias if with_bias else None
+    leaves = [t.requires_grad_() for t in (hidden, wq, wk, v, c)] + (
+        [bias.requires_grad_()] if with_bias else []
+    )
+
+    def split(w: torch.Tensor) -> torch.Tensor:  # (B, U, H, N, dh), as the LOC's heads
+        return torch.einsum("bnd,uod->buno", hidden, w).unflatten(-1, (heads, dh)).permute(0, 1, 3, 2, 4)
+
+    literal = modulated_attention_eager(split(wq), split(wk), v, c, bias, scale=1.0, eps=1e-6, dropout=0.0)
+    bilinear = modulated_attention_bilinear(hidden, wq, wk, v, c, bias, eps=1e-6)
+    torch.testing.assert_close(bilinear, literal, atol=1e-5, rtol=1e-5)
+    expected = torch.autograd.grad(literal.square().sum(), leaves)
+    got = torch.autograd.grad(bilinear.square().sum(), leaves)
+    for name, g_got, g_expected in zip(["h", "wq", "wk", "v", "c", "bias"], got, expected, strict=False):
+        torch.testing.assert_close(g_got, g_expected, atol=1e-4, rtol=1e-4, msg=name)
+    rejected = (c == 0).transpose(0, 1)[:, :, None, :]
+    assert (bilinear[rejected.expand(-1, -1, heads, -1)] == 0).all()
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bilinear_attention_function_has_exact_gradients(with_bias):
+    torch.manual_seed(0)
+    b, u, h, n, d, dv = 2, 3, 2, 5, 4, 3
+    hidden = torch.randn(b, n, d, dtype=torch.double)
+    bilinear = torch.randn(d, u * h * d, dtype=torch.double) / 2
+    v = torch.randn(b, u, h, n, dv, dtype=torch.double)
+    c_key = torch.rand(b, u, 1, n, 1, dtype=torch.double)
+    c_key[0, 0, 0, 1] = 0.0
+    inputs = [t.requires_grad_() for t in (hidden, bilinear, v, c_key)]
+    if with_bias:
+        inputs.append(torch.randn(u, h, n, n, dtype=torch.double, requires_grad=True))
+        assert torch.autograd.gradcheck(_BilinearAttention.apply, inputs)
+    else:
+        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, None), inputs)
+
+
+def test_bilinear_form_is_chosen_where_it_costs_fewer_flops():
+    """Digits preset (d 192 < 2 x 128, N 67): yes. Fuzzy-Boolean preset (d 128 > 2 x 32, N 25): no."""
+    assert bilinear_attention_pays(192, 128, 67)
+    assert not bilinear_attention_pays(128, 32, 25)
+    assert not bilinear_attention_pays(16, 4, 20)
+
+
+def test_models_using_the_bilinear_form_agree_with_eager(tester, monkeypatch):
+    """A config where the bilinear form pays: sdpa (bilinear in each iteration's first LOC) == eager, gradients too."""
+    calls = []
+    original = modeling_neural_interpreter.modulated_attention_bilinear
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_neural_interpreter, "modulated_attention_bilinear", counting)
+    config = tester.get_config(hidden_size=8, attention_head_size=8, truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    inputs = tester.prepare_inputs(config)
+    results = {}
+    for impl in ("eager", "sdpa"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        results[impl] = (
+            out.logits,
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
+    # 3 function iterations (2 + 1), each with one first LOC reading a shared set; the second LOCs do not.
+    assert len(calls) == sum(config.num_function_iterations)
+    torch.testing.assert_close(results["sdpa"][0], results["eager"][0], atol=1e-5, rtol=1e-5)
+    assert results["sdpa"][1].keys() == results["eager"][1].keys()
+    for name, grad in results["eager"][1].items():
+        torch.testing.assert_close(results["sdpa"][1][name], grad, atol=1e-4, rtol=1e-4, msg=name)
+    calls.clear()
+    model.train()  # with attention dropout the bilinear form is not used
+    model.config.attention_probs_dropout_prob = 0.1
+    model(**inputs)
+    assert calls == []
 
 
 # --- memory-lean custom autograd Functions: exact gradients (float64 finite differences) -------------------

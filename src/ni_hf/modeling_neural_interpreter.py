@@ -396,6 +396,110 @@ class _AttentionWithRecompute(torch.autograd.Function):
         )
 
 
+class _BilinearAttention(torch.autograd.Function):
+    """softmax(h A_uh h^T + bias) @ [C_uj v_j, C_uj] for a set h (B, N, d) that every function reads.
+
+    q_i . k_j = h_i W_q,uh^T W_k,uh h_j^T (ModLins without bias), so with A_uh = W_q,uh^T W_k,uh (d x d, the
+    codes and the softmax scale folded in) the logits are (h A_uh) h^T: one GEMM h @ [A_uh] for all functions
+    and heads, then one batched matmul per sample against the shared h, in place of the q and k projections
+    and U * H small (N x d_h) @ (d_h x N) products. Cheaper when d < 2 d_h (the digits preset: 192 < 256);
+    `bilinear_attention_pays` decides. Keeps h, h A and the output, not the N x N weights (recomputed, as in
+    `_AttentionWithRecompute`).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, bilinear, value, c_key, position_bias):
+        ctx.autocast = _AutocastState(hidden.device.type)
+        hidden = hidden.contiguous()
+        mixed = torch.matmul(hidden, bilinear)  # (B, N, U * H * d), rows (i, u, h)
+        probs = _bilinear_probs(
+            mixed, hidden, position_bias, value.shape[1], value.shape[2]
+        )  # (B, N, U, H, N)
+        out = probs.permute(0, 2, 3, 1, 4) @ _compatibility_columns(value, c_key)
+        ctx.save_for_backward(hidden, bilinear, mixed, value, c_key, position_bias, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, bilinear, mixed, value, c_key, position_bias, out = ctx.saved_tensors
+        b, n, d = hidden.shape
+        with ctx.autocast():
+            u, h = value.shape[1:3]
+            probs = _bilinear_probs(mixed, hidden, position_bias, u, h).permute(
+                0, 2, 3, 1, 4
+            )  # (B, U, H, N, N)
+            columns = _compatibility_columns(value, c_key)
+            grad_out = grad_out.to(probs.dtype)
+            grad_columns = probs.transpose(-1, -2) @ grad_out
+            grad_logits = grad_out @ columns.transpose(-1, -2)
+            grad_logits.sub_((grad_out * out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(probs)
+            del probs
+            grad_bias = None
+            if position_bias is not None and ctx.needs_input_grad[4]:
+                grad_bias = grad_logits.sum(0).to(position_bias.dtype)
+            # Back to the rows (i, u, h) of h A: one copy of the N x N gradient.
+            grad_logits = grad_logits.permute(0, 3, 1, 2, 4).reshape(b, -1, n)
+            mixed = mixed.to(grad_logits.dtype).view(b, -1, d)
+            grad_mixed = torch.bmm(grad_logits, hidden.to(grad_logits.dtype)).view(b, n, -1)
+            grad_hidden = torch.bmm(grad_logits.transpose(1, 2), mixed)
+            grad_hidden = grad_hidden.add_(grad_mixed @ bilinear.to(grad_mixed.dtype).t())
+            grad_bilinear = hidden.reshape(b * n, d).t().to(grad_mixed.dtype) @ grad_mixed.reshape(b * n, -1)
+            grad_scaled_values, grad_c_column = grad_columns.split([value.shape[-1], 1], dim=-1)
+            grad_value = grad_scaled_values * c_key
+            grad_c_key = ((grad_scaled_values * value).sum(-1, keepdim=True) + grad_c_column).sum(
+                2, keepdim=True
+            )
+        return (
+            grad_hidden.to(hidden.dtype),
+            grad_bilinear.to(bilinear.dtype),
+            grad_value.to(value.dtype),
+            grad_c_key.to(c_key.dtype),
+            grad_bias,
+        )
+
+
+def _bilinear_probs(
+    mixed: torch.Tensor, hidden: torch.Tensor, position_bias: torch.Tensor | None, u: int, h: int
+) -> torch.Tensor:
+    """softmax_j((h A_uh)_i . h_j + bias_uh,ij) as (B, N, U, H, N), from h A (B, N, U * H * d) and h (B, N, d)."""
+    b, n, d = hidden.shape
+    logits = torch.bmm(mixed.reshape(b, -1, d), hidden.to(mixed.dtype).transpose(1, 2)).view(b, n, u, h, n)
+    if position_bias is not None:
+        logits += position_bias.permute(2, 0, 1, 3).to(logits.dtype)
+    return torch.softmax(logits, dim=-1)
+
+
+def modulated_attention_bilinear(
+    hidden: torch.Tensor,
+    query_weight: torch.Tensor,
+    key_weight: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """Eq. 6 exactly, as `modulated_attention_matmul` with q = h W_q,u^T and k = h W_k,u^T, in the bilinear form.
+
+    hidden (B, N, d) is read by every function; query_weight / key_weight (U, H * d_h, d) are the functions'
+    modulated weights (the softmax scale folded into the query's); value (B, U, H, N, dv); compatibilities
+    (U, B, N); position_bias (U, H, N, N) already scaled, or None. No dropout: see `_BilinearAttention`.
+    """
+    u, hd, d = query_weight.shape
+    num_heads = value.shape[2]
+    wq = query_weight.view(u, num_heads, hd // num_heads, d)
+    wk = key_weight.view(u, num_heads, hd // num_heads, d)
+    bilinear = (wq.transpose(-1, -2) @ wk).permute(2, 0, 1, 3).reshape(d, -1)  # (d, U * H * d): [A_uh]
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    out = _BilinearAttention.apply(hidden, bilinear, value, c_key, position_bias)
+    return _normalise_columns(out, c_key, eps)
+
+
+def bilinear_attention_pays(hidden_size: int, head_size: int, num_tokens: int) -> bool:
+    """Whether the bilinear form costs fewer FLOPs per (function, head): N d^2 + N^2 d < 2 N d d_h + N^2 d_h."""
+    n, d = num_tokens, hidden_size
+    return n * d * d + n * n * d < 2 * n * d * head_size + n * n * head_size
+
+
 def _attention_probs(
     query: torch.Tensor, key: torch.Tensor, position_bias: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
@@ -535,22 +639,33 @@ class LineOfCode(nn.Module):
             y = apply_function_weights(h, weight, projection.function_bias(u), False)
             return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
-        # The softmax scale is folded into the query weights (U x out x in numbers, not B x U x N x out).
-        q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
-
-        attention = ATTENTION_FUNCTIONS.get(
-            self.config._attn_implementation or "sdpa", modulated_attention_sdpa
-        )
-        attended = attention(
-            q,
-            k,
-            v,
-            compatibilities,
-            None if position_bias is None else position_bias * scale,
-            scale=1.0,
-            eps=self.config.attention_eps,
-            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
-        )
+        implementation = self.config._attn_implementation or "sdpa"
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        bias = None if position_bias is None else position_bias * scale
+        if (
+            implementation == "sdpa"
+            and h.dim() == 3
+            and h.device.type == "cpu"
+            and dropout == 0.0
+            and bilinear_attention_pays(h.shape[-1], self.head_size, n)
+        ):
+            # Every function reads the same h (the first LOC of an iteration): q.k^T = h A_uh h^T.
+            attended = modulated_attention_bilinear(
+                h,
+                self.query.function_weights(codes) * scale,
+                self.key.function_weights(codes),
+                heads(self.value),
+                compatibilities,
+                bias,
+                eps=self.config.attention_eps,
+            )
+        else:
+            # The softmax scale is folded into the query weights (U x out x in numbers, not B x U x N x out).
+            q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
+            attention = ATTENTION_FUNCTIONS.get(implementation, modulated_attention_sdpa)
+            attended = attention(
+                q, k, v, compatibilities, bias, scale=1.0, eps=self.config.attention_eps, dropout=dropout
+            )
         attended = attended.permute(1, 0, 3, 2, 4).reshape(u, b, n, -1)  # (B, U, H, N, dv) -> (U, B, N, d)
         gate = compatibilities.unsqueeze(-1)
         if self.training and self.config.hidden_dropout_prob > 0:
