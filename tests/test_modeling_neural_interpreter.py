@@ -710,9 +710,12 @@ def test_a_collapsed_or_negative_sigma_gives_no_nan(tester):
     assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
 
 
-def test_bf16_autocast_forward_and_backward_give_float32_gradients_close_to_float32(tester):
+@pytest.mark.parametrize(
+    "overrides", [{}, {"hidden_size": 8, "attention_head_size": 8}], ids=["qk", "bilinear"]
+)
+def test_bf16_autocast_forward_and_backward_give_float32_gradients_close_to_float32(tester, overrides):
     """The custom autograd Functions re-enter the forward's autocast state in their backward."""
-    config = tester.get_config()
+    config = tester.get_config(**overrides)
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config).train()
     inputs = tester.prepare_inputs(config)

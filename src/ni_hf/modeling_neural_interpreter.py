@@ -415,7 +415,8 @@ class _BilinearAttention(torch.autograd.Function):
         probs = _bilinear_probs(
             mixed, hidden, position_bias, value.shape[1], value.shape[2]
         )  # (B, N, U, H, N)
-        out = probs.permute(0, 2, 3, 1, 4) @ _compatibility_columns(value, c_key)
+        probs = probs.permute(0, 2, 3, 1, 4).contiguous()  # (B, U, H, N, N)
+        out = probs @ _compatibility_columns(value, c_key)
         ctx.save_for_backward(hidden, bilinear, mixed, value, c_key, position_bias, out)
         return out
 
