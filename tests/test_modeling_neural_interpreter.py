@@ -241,7 +241,7 @@ def test_bilinear_attention_function_has_exact_gradients(with_bias):
     torch.manual_seed(0)
     b, u, h, n, d, dv = 2, 3, 2, 5, 4, 3
     hidden = torch.randn(b, n, d, dtype=torch.double)
-    bilinear = torch.randn(d, u * h * d, dtype=torch.double) / 2
+    bilinear = torch.randn(u * h * d, d, dtype=torch.double) / 2
     v = torch.randn(b, u, h, n, dv, dtype=torch.double)
     c_key = torch.rand(b, u, 1, n, 1, dtype=torch.double)
     c_key[0, 0, 0, 1] = 0.0

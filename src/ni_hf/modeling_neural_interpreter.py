@@ -400,8 +400,9 @@ class _BilinearAttention(torch.autograd.Function):
     """softmax(h A_uh h^T + bias) @ [C_uj v_j, C_uj] for a set h (B, N, d) that every function reads.
 
     q_i . k_j = h_i W_q,uh^T W_k,uh h_j^T (ModLins without bias), so with A_uh = W_q,uh^T W_k,uh (d x d, the
-    codes and the softmax scale folded in) the logits are (h A_uh) h^T: one GEMM h @ [A_uh] for all functions
-    and heads, then one batched matmul per sample against the shared h, in place of the q and k projections
+    codes and the softmax scale folded in) the logits are (h A_uh) h^T: one GEMM for all functions and heads
+    (`bilinear` is [A_uh^T], a (U * H * d, d) Linear weight), then one batched matmul per sample against the
+    shared h, in place of the q and k projections
     and U * H small (N x d_h) @ (d_h x N) products. Cheaper when d < 2 d_h (the digits preset: 192 < 256);
     `bilinear_attention_pays` decides. Keeps h, h A and the output, not the N x N weights (recomputed, as in
     `_AttentionWithRecompute`).
@@ -411,7 +412,7 @@ class _BilinearAttention(torch.autograd.Function):
     def forward(ctx, hidden, bilinear, value, c_key, position_bias):
         ctx.autocast = _AutocastState(hidden.device.type)
         hidden = hidden.contiguous()
-        mixed = torch.matmul(hidden, bilinear)  # (B, N, U * H * d), rows (i, u, h)
+        mixed = F.linear(hidden, bilinear)  # h A: (B, N, U * H * d), rows (i, u, h)
         probs = _bilinear_probs(
             mixed, hidden, position_bias, value.shape[1], value.shape[2]
         )  # (B, N, U, H, N)
@@ -443,8 +444,8 @@ class _BilinearAttention(torch.autograd.Function):
             mixed = mixed.to(grad_logits.dtype).view(b, -1, d)
             grad_mixed = torch.bmm(grad_logits, hidden.to(grad_logits.dtype)).view(b, n, -1)
             grad_hidden = torch.bmm(grad_logits.transpose(1, 2), mixed)
-            grad_hidden = grad_hidden.add_(grad_mixed @ bilinear.to(grad_mixed.dtype).t())
-            grad_bilinear = hidden.reshape(b * n, d).t().to(grad_mixed.dtype) @ grad_mixed.reshape(b * n, -1)
+            grad_hidden = grad_hidden.add_(grad_mixed @ bilinear.to(grad_mixed.dtype))
+            grad_bilinear = grad_mixed.reshape(b * n, -1).t() @ hidden.reshape(b * n, d).to(grad_mixed.dtype)
             grad_scaled_values, grad_c_column = grad_columns.split([value.shape[-1], 1], dim=-1)
             grad_value = grad_scaled_values * c_key
             grad_c_key = ((grad_scaled_values * value).sum(-1, keepdim=True) + grad_c_column).sum(
@@ -489,7 +490,8 @@ def modulated_attention_bilinear(
     num_heads = value.shape[2]
     wq = query_weight.view(u, num_heads, hd // num_heads, d)
     wk = key_weight.view(u, num_heads, hd // num_heads, d)
-    bilinear = (wq.transpose(-1, -2) @ wk).permute(2, 0, 1, 3).reshape(d, -1)  # (d, U * H * d): [A_uh]
+    # [A_uh^T] = [W_k,uh^T W_q,uh] as one (U * H * d, d) Linear weight: that layout runs the h A GEMM fastest.
+    bilinear = (wk.transpose(-1, -2) @ wq).reshape(-1, d)
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
     out = _BilinearAttention.apply(hidden, bilinear, value, c_key, position_bias)
     return _normalise_columns(out, c_key, eps)
