@@ -402,10 +402,9 @@ class _BilinearAttention(torch.autograd.Function):
     q_i . k_j = h_i W_q,uh^T W_k,uh h_j^T (ModLins without bias), so with A_uh = W_q,uh^T W_k,uh (d x d, the
     codes and the softmax scale folded in) the logits are (h A_uh) h^T: one GEMM for all functions and heads
     (`bilinear` is [A_uh^T], a (U * H * d, d) Linear weight), then one batched matmul per sample against the
-    shared h, in place of the q and k projections
-    and U * H small (N x d_h) @ (d_h x N) products. Cheaper when d < 2 d_h (the digits preset: 192 < 256);
-    `bilinear_attention_pays` decides. Keeps h, h A and the output, not the N x N weights (recomputed, as in
-    `_AttentionWithRecompute`).
+    shared h. That replaces the q and k projections and U * H small (N x d_h) @ (d_h x N) products, and costs
+    fewer FLOPs when d is below about 2 d_h (the digits preset: 192 < 256; `bilinear_attention_pays` decides).
+    Keeps h, h A and the output, not the N x N weights (recomputed, as in `_AttentionWithRecompute`).
     """
 
     @staticmethod
