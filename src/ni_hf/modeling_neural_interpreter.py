@@ -344,6 +344,29 @@ def _compatibility_columns(value: torch.Tensor, c_key: torch.Tensor) -> torch.Te
     return torch.cat([value * c_key, c_key.expand(b, u, h, n, 1)], dim=-1)
 
 
+def _attention_weights_backward(
+    probs: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor, value: torch.Tensor, c_key: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of out = P @ [C_uj v_j, C_uj] with P = softmax(logits): (dL/d columns, dL/d logits)."""
+    columns = _compatibility_columns(value, c_key)
+    grad_out = grad_out.to(probs.dtype)
+    grad_columns = probs.transpose(-1, -2) @ grad_out
+    # dL/dlogits = P * (dL/dP - rowsum(dO * O)), in place on the one N x N buffer.
+    grad_logits = grad_out @ columns.transpose(-1, -2)
+    grad_logits.sub_((grad_out * out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(probs)
+    return grad_columns, grad_logits
+
+
+def _compatibility_columns_backward(
+    grad_columns: torch.Tensor, value: torch.Tensor, c_key: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of `_compatibility_columns`: (dL/dv, dL/dC_uj), the latter summed over the heads."""
+    grad_scaled_values, grad_c_column = grad_columns.split([value.shape[-1], 1], dim=-1)
+    grad_value = grad_scaled_values * c_key
+    grad_c_key = ((grad_scaled_values * value).sum(-1, keepdim=True) + grad_c_column).sum(2, keepdim=True)
+    return grad_value, grad_c_key
+
+
 class _AttentionWithRecompute(torch.autograd.Function):
     """softmax(q k^T * scale + bias) @ [C_uj v_j, C_uj], keeping q, k, v and the output, not the N x N weights.
 
@@ -367,12 +390,7 @@ class _AttentionWithRecompute(torch.autograd.Function):
         query, key, value, c_key, position_bias, out = ctx.saved_tensors
         with ctx.autocast():
             probs = _attention_probs(query, key, position_bias, ctx.scale)
-            columns = _compatibility_columns(value, c_key)
-            grad_out = grad_out.to(probs.dtype)
-            grad_columns = probs.transpose(-1, -2) @ grad_out
-            # dL/dlogits = P * (dL/dP - rowsum(dO * O)), in place on the one N x N buffer.
-            grad_logits = grad_out @ columns.transpose(-1, -2)
-            grad_logits.sub_((grad_out * out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(probs)
+            grad_columns, grad_logits = _attention_weights_backward(probs, grad_out, out, value, c_key)
             del probs
             grad_bias = None
             if position_bias is not None and ctx.needs_input_grad[4]:
@@ -381,11 +399,7 @@ class _AttentionWithRecompute(torch.autograd.Function):
                 grad_logits.mul_(ctx.scale)
             grad_query = grad_logits @ key.to(grad_logits.dtype)
             grad_key = grad_logits.transpose(-1, -2) @ query.to(grad_logits.dtype)
-            grad_scaled_values, grad_c_column = grad_columns.split([value.shape[-1], 1], dim=-1)
-            grad_value = grad_scaled_values * c_key
-            grad_c_key = ((grad_scaled_values * value).sum(-1, keepdim=True) + grad_c_column).sum(
-                2, keepdim=True
-            )
+            grad_value, grad_c_key = _compatibility_columns_backward(grad_columns, value, c_key)
         return (
             grad_query.to(query.dtype),
             grad_key.to(key.dtype),
@@ -429,11 +443,7 @@ class _BilinearAttention(torch.autograd.Function):
             probs = _bilinear_probs(mixed, hidden, position_bias, u, h).permute(
                 0, 2, 3, 1, 4
             )  # (B, U, H, N, N)
-            columns = _compatibility_columns(value, c_key)
-            grad_out = grad_out.to(probs.dtype)
-            grad_columns = probs.transpose(-1, -2) @ grad_out
-            grad_logits = grad_out @ columns.transpose(-1, -2)
-            grad_logits.sub_((grad_out * out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(probs)
+            grad_columns, grad_logits = _attention_weights_backward(probs, grad_out, out, value, c_key)
             del probs
             grad_bias = None
             if position_bias is not None and ctx.needs_input_grad[4]:
@@ -445,11 +455,7 @@ class _BilinearAttention(torch.autograd.Function):
             grad_hidden = torch.bmm(grad_logits.transpose(1, 2), mixed)
             grad_hidden = grad_hidden.add_(grad_mixed @ bilinear.to(grad_mixed.dtype))
             grad_bilinear = grad_mixed.reshape(b * n, -1).t() @ hidden.reshape(b * n, d).to(grad_mixed.dtype)
-            grad_scaled_values, grad_c_column = grad_columns.split([value.shape[-1], 1], dim=-1)
-            grad_value = grad_scaled_values * c_key
-            grad_c_key = ((grad_scaled_values * value).sum(-1, keepdim=True) + grad_c_column).sum(
-                2, keepdim=True
-            )
+            grad_value, grad_c_key = _compatibility_columns_backward(grad_columns, value, c_key)
         return (
             grad_hidden.to(hidden.dtype),
             grad_bilinear.to(bilinear.dtype),
