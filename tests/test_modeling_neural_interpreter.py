@@ -15,9 +15,11 @@ from ni_hf import (
     modeling_neural_interpreter,
 )
 from ni_hf.modeling_neural_interpreter import (
+    _AttentionOutput,
     _AttentionWithRecompute,
     _BilinearAttention,
     _GatedModLin,
+    _GatedModLinSum,
     _NormModLin,
     bilinear_attention_pays,
     modulated_attention_bilinear,
@@ -211,26 +213,32 @@ def test_matmul_path_reads_strided_query_and_key_views():
 
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_bilinear_attention_matches_literal_formula_and_its_gradients(with_bias):
-    """q.k = h W_q^T W_k h^T: the bilinear form gives Eq. 6 and its gradients (h, W_q, W_k, v, C, bias)."""
+    """q.k = h W_q^T W_k h^T: the bilinear form gives Eq. 6 and its gradients (h, W_q, W_k, W_v, b_v, C, bias)."""
     torch.manual_seed(2)
     u, b, heads, n, d, dh, dv = 3, 2, 2, 6, 5, 4, 3
     hidden = torch.randn(b, n, d)
     wq, wk = torch.randn(u, heads * dh, d) / 2, torch.randn(u, heads * dh, d) / 2
-    _, _, v, c, bias = _attention_inputs(u=u, b=b, h=heads, n=n, hd=dh, dv=dv)
+    wv, bv = torch.randn(u, heads * dv, d) / 2, torch.randn(u, heads * dv)
+    _, _, _, c, bias = _attention_inputs(u=u, b=b, h=heads, n=n, hd=dh, dv=dv)
     bias = bias if with_bias else None
-    leaves = [t.requires_grad_() for t in (hidden, wq, wk, v, c)] + (
+    leaves = [t.requires_grad_() for t in (hidden, wq, wk, wv, bv, c)] + (
         [bias.requires_grad_()] if with_bias else []
     )
 
-    def split(w: torch.Tensor) -> torch.Tensor:  # (B, U, H, N, dh), as the LOC's heads
-        return torch.einsum("bnd,uod->buno", hidden, w).unflatten(-1, (heads, dh)).permute(0, 1, 3, 2, 4)
+    def split(w: torch.Tensor, size: int) -> torch.Tensor:  # (B, U, H, N, size), as the LOC's heads
+        return torch.einsum("bnd,uod->buno", hidden, w).unflatten(-1, (heads, size)).permute(0, 1, 3, 2, 4)
 
-    literal = modulated_attention_eager(split(wq), split(wk), v, c, bias, scale=1.0, eps=1e-6, dropout=0.0)
-    bilinear = modulated_attention_bilinear(hidden, wq, wk, v, c, bias, eps=1e-6)
+    v = split(wv, dv) + bv.view(u, heads, 1, dv)
+    literal = modulated_attention_eager(
+        split(wq, dh), split(wk, dh), v, c, bias, scale=1.0, eps=1e-6, dropout=0.0
+    )
+    bilinear = modulated_attention_bilinear(hidden, wq, wk, wv, bv, c, bias, heads, eps=1e-6)
     torch.testing.assert_close(bilinear, literal, atol=1e-5, rtol=1e-5)
     expected = torch.autograd.grad(literal.square().sum(), leaves)
     got = torch.autograd.grad(bilinear.square().sum(), leaves)
-    for name, g_got, g_expected in zip(["h", "wq", "wk", "v", "c", "bias"], got, expected, strict=False):
+    for name, g_got, g_expected in zip(
+        ["h", "wq", "wk", "wv", "bv", "c", "bias"], got, expected, strict=False
+    ):
         torch.testing.assert_close(g_got, g_expected, atol=1e-4, rtol=1e-4, msg=name)
     rejected = (c == 0).transpose(0, 1)[:, :, None, :]
     assert (bilinear[rejected.expand(-1, -1, heads, -1)] == 0).all()
@@ -242,15 +250,21 @@ def test_bilinear_attention_function_has_exact_gradients(with_bias):
     b, u, h, n, d, dv = 2, 3, 2, 5, 4, 3
     hidden = torch.randn(b, n, d, dtype=torch.double)
     bilinear = torch.randn(u * h * d, d, dtype=torch.double) / 2
-    v = torch.randn(b, u, h, n, dv, dtype=torch.double)
+    value_weight = torch.randn(u * h * dv, d, dtype=torch.double) / 2
+    value_bias = torch.randn(u * h * dv, dtype=torch.double)
     c_key = torch.rand(b, u, 1, n, 1, dtype=torch.double)
     c_key[0, 0, 0, 1] = 0.0
-    inputs = [t.requires_grad_() for t in (hidden, bilinear, v, c_key)]
+    inputs = [t.requires_grad_() for t in (hidden, bilinear, value_weight, value_bias, c_key)]
     if with_bias:
         inputs.append(torch.randn(u, h, n, n, dtype=torch.double, requires_grad=True))
-        assert torch.autograd.gradcheck(_BilinearAttention.apply, inputs)
+        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, h), inputs)
     else:
-        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, None), inputs)
+        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, None, h), inputs)
+        # a value projection without bias
+        assert torch.autograd.gradcheck(
+            lambda x, w, wv, c: _BilinearAttention.apply(x, w, wv, None, c, None, h),
+            [hidden, bilinear, value_weight, c_key],
+        )
 
 
 def test_bilinear_form_is_chosen_where_it_costs_fewer_flops():
@@ -346,6 +360,77 @@ def test_norm_mod_lin_has_exact_gradients():
         lambda *a: _NormModLin.apply(a[0], a[1], a[2], 1e-5, a[3], a[4]),
         (x, norm_weight, norm_bias, weight, bias),
     )
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_output_has_exact_gradients(with_bias):
+    """gate * ModLin(Eq. 6's division of A @ [C v, C], heads merged), recomputed in the backward."""
+    torch.manual_seed(0)
+    b, u, h, n, dv, d_out = 2, 3, 2, 4, 3, 5
+    columns = torch.randn(b, u, h, n, dv + 1, dtype=torch.double)
+    columns[..., -1] = (
+        torch.rand(b, u, h, n, dtype=torch.double) + 0.5
+    )  # row sums of C-weighted probabilities
+    c_key = torch.rand(b, u, 1, n, 1, dtype=torch.double)
+    c_key[0, 1, 0, 2] = 0.0  # a query that its function rejects
+    weight = torch.randn(u, d_out, h * dv, dtype=torch.double)
+    bias = torch.randn(d_out, dtype=torch.double) if with_bias else None
+    gate = c_key[:, :, 0].transpose(0, 1).clone()  # (U, B, N, 1), as the LOC passes C_ui twice
+    inputs = [t.requires_grad_() for t in (columns, c_key, weight, gate)]
+    if with_bias:
+        inputs.append(bias.requires_grad_())
+    assert torch.autograd.gradcheck(
+        lambda c, ck, w, g, *b_: _AttentionOutput.apply(c, ck, 1e-3, w, b_[0] if b_ else None, g), inputs
+    )
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gated_mod_lin_sum_has_exact_gradients(with_bias):
+    """sum_u C_u (a_u + C_u ModLin(GELU(x_u); c_u)), without keeping the streams."""
+    torch.manual_seed(0)
+    u, b, n, d = 3, 2, 4, 5
+    a = torch.randn(u, b, n, d, dtype=torch.double, requires_grad=True)
+    x = torch.randn(u, b, n, d, dtype=torch.double, requires_grad=True)
+    weight = torch.randn(u, d, d, dtype=torch.double, requires_grad=True)
+    gate = torch.rand(u, b, n, 1, dtype=torch.double)
+    gate[1, 0, 3] = 0.0
+    gate.requires_grad_()
+    inputs = [a, x, weight, gate]
+    if with_bias:
+        inputs.append(torch.randn(d, dtype=torch.double, requires_grad=True))
+    assert torch.autograd.gradcheck(
+        lambda a_, x_, w, g, *b_: _GatedModLinSum.apply(a_, x_, w, b_[0] if b_ else None, g), inputs
+    )
+
+
+@pytest.mark.parametrize("hidden_size,head_size", [(16, 4), (8, 8)])  # the q/k path and the bilinear form
+def test_lean_training_keeps_neither_eq6_output_nor_the_streams(tester, hidden_size, head_size):
+    """Per LOC, the backward keeps at most three (U, B, N, d)-sized tensors: v, a and the MLP's hidden layer.
+
+    Eq. 6's normalised output is redone from the attention's columns and the streams are never formed, so
+    neither is kept (before: five, with the merged heads and the streams); the bilinear form redoes v as well.
+    """
+    config = tester.get_config(
+        hidden_size=hidden_size,
+        attention_head_size=head_size,
+        num_scripts=1,
+        num_function_iterations=1,
+        num_loc_layers=1,
+    )
+    model = NeuralInterpreterForImageClassification(config).train()
+    inputs = tester.prepare_inputs(config)
+    u, b, n, d = config.num_functions, tester.batch_size, tester.set_size(config), config.hidden_size
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept[t.untyped_storage().data_ptr()] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(**inputs).loss  # what the forward keeps; the backward's recomputations are transient
+    bilinear = bilinear_attention_pays(hidden_size, head_size, n)
+    assert list(kept.values()).count(u * b * n * d) == (2 if bilinear else 3)
+    loss.backward()
 
 
 def test_lean_loc_equals_the_plain_composition_in_outputs_and_gradients(tester):

@@ -177,29 +177,42 @@ class _GatedModLin(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight, bias, gate = ctx.saved_tensors
-        u, b, n, in_features = x.shape
         with ctx.autocast():
-            grad = grad.reshape(u, b * n, -1)
-            inputs = F.gelu(x) if ctx.gelu else x
-            flat_x = inputs.reshape(u, b * n, in_features)
-            flat_gate = gate.reshape(u, b * n, 1)
-            grad_w = torch.bmm(grad, weight)  # g W_u: (U, B*N, in)
-            grad_x = None
-            if ctx.needs_input_grad[0]:
-                grad_x = (grad_w * flat_gate).view_as(x)
-                if ctx.gelu:
-                    grad_x = torch.ops.aten.gelu_backward(grad_x, x.to(grad_x.dtype))
-                grad_x = grad_x.to(x.dtype)
-            grad_gate = None
-            if ctx.needs_input_grad[3]:
-                grad_gate = (grad_w * flat_x).sum(-1, keepdim=True, dtype=torch.float32)
-                if bias is not None:
-                    grad_gate = grad_gate + (grad.float() @ bias.float()).unsqueeze(-1)
-                grad_gate = grad_gate.view_as(gate).to(gate.dtype)
-            gated_grad = grad * flat_gate
-            grad_weight = torch.bmm(gated_grad.transpose(1, 2), flat_x).to(weight.dtype)
-            grad_bias = None if bias is None else gated_grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
-        return grad_x, grad_weight, grad_bias, grad_gate, None
+            grads = _gated_mod_lin_backward(grad, x, weight, bias, gate, ctx.gelu, ctx.needs_input_grad[0])
+        grad_x, grad_weight, grad_bias, grad_gate = grads
+        return grad_x, grad_weight, grad_bias, grad_gate if ctx.needs_input_grad[3] else None, None
+
+
+def _gated_mod_lin_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gate: torch.Tensor,
+    gelu: bool,
+    needs_grad_x: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Backward of gate * ModLin(act(x); c_u): (dL/dx, dL/dW_u, dL/db, dL/dgate), without the layer's output."""
+    u, b, n, in_features = x.shape
+    grad = grad.reshape(u, b * n, -1)
+    inputs = F.gelu(x) if gelu else x
+    flat_x = inputs.reshape(u, b * n, in_features)
+    flat_gate = gate.reshape(u, b * n, 1)
+    grad_w = torch.bmm(grad, weight)  # g W_u: (U, B*N, in)
+    grad_x = None
+    if needs_grad_x:
+        grad_x = (grad_w * flat_gate).view_as(x)
+        if gelu:
+            grad_x = torch.ops.aten.gelu_backward(grad_x, x.to(grad_x.dtype))
+        grad_x = grad_x.to(x.dtype)
+    grad_gate = (grad_w * flat_x).sum(-1, keepdim=True, dtype=torch.float32)
+    if bias is not None:
+        grad_gate = grad_gate + (grad.float() @ bias.float()).unsqueeze(-1)
+    grad_gate = grad_gate.view_as(gate).to(gate.dtype)
+    gated_grad = grad * flat_gate
+    grad_weight = torch.bmm(gated_grad.transpose(1, 2), flat_x).to(weight.dtype)
+    grad_bias = None if bias is None else gated_grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
+    return grad_x, grad_weight, grad_bias, grad_gate
 
 
 def gated_mod_lin(
@@ -207,6 +220,137 @@ def gated_mod_lin(
 ) -> torch.Tensor:
     """gate (U, B, N, 1) * ModLin(GELU(x) if gelu else x; c_u) -> (U, B, N, out), through `_GatedModLin`."""
     return _GatedModLin.apply(x, projection.function_weights(codes), projection.bias, gate, gelu)
+
+
+def _merge_heads(attended: torch.Tensor) -> torch.Tensor:
+    """(B, U, H, N, dv) -> (U, B, N, H * dv): the heads side by side, as the LOC's output ModLin reads them."""
+    b, u, h, n, dv = attended.shape
+    return attended.permute(1, 0, 3, 2, 4).reshape(u, b, n, h * dv)
+
+
+class _AttentionOutput(torch.autograd.Function):
+    """gate * ModLin(heads of Eq. 6; c_u) from A @ [C_uj v_j, C_uj], keeping those columns, not Eq. 6's output.
+
+    Eq. 6's normalisation and the merge of the heads are cheap elementwise work and a copy; the backward redoes
+    them from the attention's columns (which the attention keeps anyway) instead of keeping their (U, B, N, d)
+    result, as `_GatedModLin` would.
+    """
+
+    @staticmethod
+    def forward(ctx, columns, c_key, eps, weight, bias, gate):
+        ctx.autocast = _AutocastState(columns.device.type)
+        ctx.eps = eps
+        attended = _merge_heads(_normalise_columns(columns, c_key, eps))
+        num_functions = weight.shape[0]
+        y = apply_function_weights(attended, weight, None if bias is None else bias.expand(num_functions, -1))
+        ctx.save_for_backward(columns, c_key, weight, bias, gate)
+        return y.mul_(gate)
+
+    @staticmethod
+    def backward(ctx, grad):
+        columns, c_key, weight, bias, gate = ctx.saved_tensors
+        with ctx.autocast():
+            attended = _normalise_columns(columns, c_key, ctx.eps)
+            grad_x, grad_weight, grad_bias, grad_gate = _gated_mod_lin_backward(
+                grad, _merge_heads(attended), weight, bias, gate, gelu=False
+            )
+            b, u, h, n, dv = attended.shape
+            grad_attended = grad_x.view(u, b, n, h, dv).permute(1, 0, 3, 2, 4)
+            grad_columns, grad_c_key = _normalise_columns_backward(grad_attended, columns, c_key, ctx.eps)
+        return grad_columns, grad_c_key, None, grad_weight, grad_bias, grad_gate
+
+
+def _normalise_columns_backward(
+    grad: torch.Tensor, columns: torch.Tensor, c_key: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of `_normalise_columns`: (dL/d columns, dL/dC_ui summed over the heads).
+
+    With r = C / (eps + C T) (0 where that denominator is 0): dr/dC = eps / (eps + C T)^2, dr/dT = -C^2 / (...)^2.
+    """
+    numerator, total = columns.split([columns.shape[-1] - 1, 1], dim=-1)
+    denominator = eps + c_key * total
+    nonzero = denominator > 0
+    inverse = torch.where(nonzero, 1.0 / torch.where(nonzero, denominator, 1.0), 0.0)
+    ratio = c_key * inverse
+    grad_ratio = (grad * numerator).sum(-1, keepdim=True) * inverse * inverse
+    grad_total = -grad_ratio * c_key * c_key
+    grad_c_key = (grad_ratio * eps).sum(2, keepdim=True)
+    grad_columns = torch.cat([grad * ratio, grad_total], dim=-1)
+    return grad_columns.to(columns.dtype), grad_c_key.to(c_key.dtype)
+
+
+def attention_output(
+    projection: ModLin,
+    columns: torch.Tensor,
+    compatibilities: torch.Tensor,
+    eps: float,
+    codes: torch.Tensor,
+    gate: torch.Tensor,
+) -> torch.Tensor:
+    """gate * ModLin(Eq. 6; c_u) (U, B, N, out) from the attention's columns A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1)."""
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    return _AttentionOutput.apply(
+        columns, c_key, eps, projection.function_weights(codes), projection.bias, gate
+    )
+
+
+class _GatedModLinSum(torch.autograd.Function):
+    """sum_u C_u (a_u + C_u ModLin(GELU(x_u); c_u)): the last LOC's gated MLP and the sum of Eq. 8, in one step.
+
+    Keeps a and x (which the LOC keeps anyway), not the (U, B, N, d) streams that the sum over functions would
+    keep for dL/dC. The incoming gradient g is the same for every function, so g W_u is one GEMM.
+    """
+
+    @staticmethod
+    def forward(ctx, a, x, weight, bias, gate):
+        ctx.autocast = _AutocastState(x.device.type)
+        num_functions = weight.shape[0]
+        y = apply_function_weights(
+            F.gelu(x), weight, None if bias is None else bias.expand(num_functions, -1)
+        )
+        ctx.save_for_backward(a, x, weight, bias, gate)
+        # As a + gate * y, then sum_u gate * (...); under autocast the residual stream stays in a's dtype.
+        return y.to(a.dtype).mul_(gate).add_(a).mul_(gate).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, x, weight, bias, gate = ctx.saved_tensors
+        u, b, n, in_features = x.shape
+        with ctx.autocast():
+            flat_grad = grad.reshape(b * n, -1)  # (B*N, out), shared by all functions
+            out_features = flat_grad.shape[-1]
+            # g W_u for all u in one GEMM: (B*N, out) @ (out, U * in), read back as (U, B*N, in).
+            stacked = weight.to(flat_grad.dtype).permute(1, 0, 2).reshape(out_features, u * in_features)
+            grad_w = (flat_grad @ stacked).view(b * n, u, in_features).transpose(0, 1)
+            inputs = F.gelu(x).reshape(u, b * n, in_features)
+            flat_gate = gate.reshape(u, b * n, 1)
+            gate_sq = flat_gate * flat_gate
+            grad_x = torch.ops.aten.gelu_backward(grad_w * gate_sq, x.reshape(u, b * n, -1).to(grad_w.dtype))
+            # dL/dC_u = g . a_u + 2 C_u g . m_u, with g . m_u = (g W_u) . GELU(x_u) + g . b.
+            g_dot_m = (grad_w * inputs.to(grad_w.dtype)).sum(-1, keepdim=True, dtype=torch.float32)
+            if bias is not None:
+                g_dot_m = g_dot_m + (flat_grad.float() @ bias.float()).unsqueeze(-1)
+            g_dot_a = (a.reshape(u, b * n, -1) * flat_grad).sum(-1, keepdim=True, dtype=torch.float32)
+            grad_gate = g_dot_a + 2 * flat_gate.float() * g_dot_m
+            grad_a = grad.unsqueeze(0) * gate
+            grad_weight = torch.bmm((flat_grad * gate_sq).transpose(1, 2), inputs.to(flat_grad.dtype))
+            grad_bias = None
+            if bias is not None:
+                grad_bias = (flat_grad * gate_sq.sum(0)).sum(0, dtype=torch.float32).to(bias.dtype)
+        return (
+            grad_a.to(a.dtype),
+            grad_x.view_as(x).to(x.dtype),
+            grad_weight.to(weight.dtype),
+            grad_bias,
+            grad_gate.view_as(gate).to(gate.dtype),
+        )
+
+
+def gated_mod_lin_sum(
+    projection: ModLin, a: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, gate: torch.Tensor
+) -> torch.Tensor:
+    """sum_u gate_u * (a_u + gate_u * ModLin(GELU(x_u); c_u)) -> (B, N, out), through `_GatedModLinSum`."""
+    return _GatedModLinSum.apply(a, x, projection.function_weights(codes), projection.bias, gate)
 
 
 class _NormModLin(torch.autograd.Function):
@@ -411,42 +555,45 @@ class _AttentionWithRecompute(torch.autograd.Function):
 
 
 class _BilinearAttention(torch.autograd.Function):
-    """softmax(h A_uh h^T + bias) @ [C_uj v_j, C_uj] for a set h (B, N, d) that every function reads.
+    """softmax(h A_uh h^T + bias) @ [C_uj v_j, C_uj], v = h W_v,u^T + b_v, for a set h (B, N, d) every function reads.
 
     q_i . k_j = h_i W_q,uh^T W_k,uh h_j^T (ModLins without bias), so with A_uh = W_q,uh^T W_k,uh (d x d, the
     codes and the softmax scale folded in) the logits are (h A_uh) h^T: one GEMM for all functions and heads
     (`bilinear` is [A_uh^T], a (U * H * d, d) Linear weight), then one batched matmul per sample against the
     shared h. That replaces the q and k projections and U * H small (N x d_h) @ (d_h x N) products, and costs
     fewer FLOPs when d is below about 2 d_h (the digits preset: 192 < 256; `bilinear_attention_pays` decides).
-    Keeps h, h A and the output, not the N x N weights (recomputed, as in `_AttentionWithRecompute`).
+    Keeps h, the N x N weights and the output. Per (function, head) the weights are N x N numbers where h A_uh
+    is N x d (67 x 67 against 67 x 192 for the digits preset), so the backward redoes h A and the values
+    (`value_weight` (U * H * dv, d), `value_bias` (U * H * dv,) or None) from h, one GEMM each, rather than keep
+    them, and does not redo the logits and their softmax.
     """
 
     @staticmethod
-    def forward(ctx, hidden, bilinear, value, c_key, position_bias):
+    def forward(ctx, hidden, bilinear, value_weight, value_bias, c_key, position_bias, num_heads):
         ctx.autocast = _AutocastState(hidden.device.type)
+        ctx.num_heads = num_heads
         hidden = hidden.contiguous()
+        num_functions = c_key.shape[1]
         mixed = F.linear(hidden, bilinear)  # h A: (B, N, U * H * d), rows (i, u, h)
-        probs = _bilinear_probs(
-            mixed, hidden, position_bias, value.shape[1], value.shape[2]
-        )  # (B, N, U, H, N)
+        probs = _bilinear_probs(mixed, hidden, position_bias, num_functions, num_heads)  # (B, N, U, H, N)
         probs = probs.permute(0, 2, 3, 1, 4).contiguous()  # (B, U, H, N, N)
+        value = _bilinear_values(hidden, value_weight, value_bias, num_functions, num_heads)
         out = probs @ _compatibility_columns(value, c_key)
-        ctx.save_for_backward(hidden, bilinear, mixed, value, c_key, position_bias, out)
+        ctx.save_for_backward(hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, bilinear, mixed, value, c_key, position_bias, out = ctx.saved_tensors
+        hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs = ctx.saved_tensors
         b, n, d = hidden.shape
+        u, h = c_key.shape[1], ctx.num_heads
         with ctx.autocast():
-            u, h = value.shape[1:3]
-            probs = _bilinear_probs(mixed, hidden, position_bias, u, h).permute(
-                0, 2, 3, 1, 4
-            )  # (B, U, H, N, N)
+            mixed = F.linear(hidden, bilinear)
+            value = _bilinear_values(hidden, value_weight, value_bias, u, h)
             grad_columns, grad_logits = _attention_weights_backward(probs, grad_out, out, value, c_key)
             del probs
             grad_bias = None
-            if position_bias is not None and ctx.needs_input_grad[4]:
+            if position_bias is not None and ctx.needs_input_grad[5]:
                 grad_bias = grad_logits.sum(0).to(position_bias.dtype)
             # Back to the rows (i, u, h) of h A: one copy of the N x N gradient.
             grad_logits = grad_logits.permute(0, 3, 1, 2, 4).reshape(b, -1, n)
@@ -454,15 +601,33 @@ class _BilinearAttention(torch.autograd.Function):
             grad_mixed = torch.bmm(grad_logits, hidden.to(grad_logits.dtype)).view(b, n, -1)
             grad_hidden = torch.bmm(grad_logits.transpose(1, 2), mixed)
             grad_hidden = grad_hidden.add_(grad_mixed @ bilinear.to(grad_mixed.dtype))
-            grad_bilinear = grad_mixed.reshape(b * n, -1).t() @ hidden.reshape(b * n, d).to(grad_mixed.dtype)
+            flat_hidden = hidden.reshape(b * n, d)
+            grad_bilinear = grad_mixed.reshape(b * n, -1).t() @ flat_hidden.to(grad_mixed.dtype)
             grad_value, grad_c_key = _compatibility_columns_backward(grad_columns, value, c_key)
+            # v = h W_v^T + b_v in the (B, N, U, H, dv) layout of the GEMM that made it.
+            grad_value = grad_value.permute(0, 3, 1, 2, 4).reshape(b * n, -1)
+            grad_hidden = grad_hidden.add_((grad_value @ value_weight.to(grad_value.dtype)).view(b, n, d))
+            grad_value_weight = (grad_value.t() @ flat_hidden.to(grad_value.dtype)).to(value_weight.dtype)
+            grad_value_bias = None
+            if value_bias is not None:
+                grad_value_bias = grad_value.sum(0, dtype=torch.float32).to(value_bias.dtype)
         return (
             grad_hidden.to(hidden.dtype),
             grad_bilinear.to(bilinear.dtype),
-            grad_value.to(value.dtype),
+            grad_value_weight,
+            grad_value_bias,
             grad_c_key.to(c_key.dtype),
             grad_bias,
+            None,
         )
+
+
+def _bilinear_values(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, u: int, h: int
+) -> torch.Tensor:
+    """v = h W_v,u^T + b_v,u (B, U, H, N, dv) for all functions in one GEMM: a view of (B, N, U, H, dv)."""
+    b, n, _ = hidden.shape
+    return F.linear(hidden, weight, bias).view(b, n, u, h, -1).permute(0, 2, 3, 1, 4)
 
 
 def _bilinear_probs(
@@ -480,26 +645,37 @@ def modulated_attention_bilinear(
     hidden: torch.Tensor,
     query_weight: torch.Tensor,
     key_weight: torch.Tensor,
-    value: torch.Tensor,
+    value_weight: torch.Tensor,
+    value_bias: torch.Tensor | None,
     compatibilities: torch.Tensor,
     position_bias: torch.Tensor | None,
+    num_heads: int,
     eps: float,
+    normalise: bool = True,
 ) -> torch.Tensor:
-    """Eq. 6 exactly, as `modulated_attention_matmul` with q = h W_q,u^T and k = h W_k,u^T, in the bilinear form.
+    """Eq. 6 exactly, as `modulated_attention_matmul` with q, k, v = h W_{q,k,v},u^T (+ b_v), in the bilinear form.
 
-    hidden (B, N, d) is read by every function; query_weight / key_weight (U, H * d_h, d) are the functions'
-    modulated weights (the softmax scale folded into the query's); value (B, U, H, N, dv); compatibilities
-    (U, B, N); position_bias (U, H, N, N) already scaled, or None. No dropout: see `_BilinearAttention`.
+    hidden (B, N, d) is read by every function; query_weight / key_weight (U, H * d_h, d) and value_weight
+    (U, H * dv, d) are the functions' modulated weights (the softmax scale folded into the query's), value_bias
+    (U, H * dv) or None; compatibilities (U, B, N); position_bias (U, H, N, N) already scaled, or None. No
+    dropout: see `_BilinearAttention`.
     """
     u, hd, d = query_weight.shape
-    num_heads = value.shape[2]
     wq = query_weight.view(u, num_heads, hd // num_heads, d)
     wk = key_weight.view(u, num_heads, hd // num_heads, d)
     # [A_uh^T] = [W_k,uh^T W_q,uh] as one (U * H * d, d) Linear weight: that layout runs the h A GEMM fastest.
     bilinear = (wk.transpose(-1, -2) @ wq).reshape(-1, d)
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
-    out = _BilinearAttention.apply(hidden, bilinear, value, c_key, position_bias)
-    return _normalise_columns(out, c_key, eps)
+    out = _BilinearAttention.apply(
+        hidden,
+        bilinear,
+        value_weight.reshape(-1, d),
+        None if value_bias is None else value_bias.reshape(-1),
+        c_key,
+        position_bias,
+        num_heads,
+    )
+    return _normalise_columns(out, c_key, eps) if normalise else out
 
 
 def bilinear_attention_pays(hidden_size: int, head_size: int, num_tokens: int) -> bool:
@@ -529,6 +705,7 @@ def modulated_attention_matmul(
     scale: float,
     eps: float,
     dropout: float,
+    normalise: bool = True,
 ) -> torch.Tensor:
     """Eq. 6 exactly, as `modulated_attention_sdpa` computes it, with two batched matmuls and a softmax.
 
@@ -545,7 +722,7 @@ def modulated_attention_matmul(
         out = probs @ _compatibility_columns(value, c_key)
     else:
         out = _AttentionWithRecompute.apply(query, key, value, c_key, bias, scale)
-    return _normalise_columns(out, c_key, eps)
+    return _normalise_columns(out, c_key, eps) if normalise else out
 
 
 def modulated_attention_sdpa_kernel(
@@ -557,6 +734,7 @@ def modulated_attention_sdpa_kernel(
     scale: float,
     eps: float,
     dropout: float,
+    normalise: bool = True,
 ) -> torch.Tensor:
     """Eq. 6 through SDPA, exactly: W v = C_ui (A (C_u v)) / (eps + C_ui (A C_u)), A = softmax_j(logits).
 
@@ -578,7 +756,7 @@ def modulated_attention_sdpa_kernel(
         dropout_p=dropout,
         scale=scale,
     ).unflatten(1, (u, h))
-    return _normalise_columns(out, c_key, eps)
+    return _normalise_columns(out, c_key, eps) if normalise else out
 
 
 def modulated_attention_sdpa(
@@ -590,14 +768,16 @@ def modulated_attention_sdpa(
     scale: float,
     eps: float,
     dropout: float,
+    normalise: bool = True,
 ) -> torch.Tensor:
     """The "sdpa" implementation: `modulated_attention_sdpa_kernel`, or on CPU `modulated_attention_matmul`.
 
     PyTorch has no fused CPU kernel for these head sizes, and its CPU math fallback is slower than the
-    explicit matmuls, which compute the same formula.
+    explicit matmuls, which compute the same formula. With `normalise=False` every path of "sdpa" returns the
+    columns A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1) before Eq. 6's division, for `attention_output`.
     """
     fn = modulated_attention_matmul if query.device.type == "cpu" else modulated_attention_sdpa_kernel
-    return fn(query, key, value, compatibilities, position_bias, scale, eps, dropout)
+    return fn(query, key, value, compatibilities, position_bias, scale, eps, dropout, normalise)
 
 
 ATTENTION_FUNCTIONS = {"eager": modulated_attention_eager, "sdpa": modulated_attention_sdpa}
@@ -629,14 +809,16 @@ class LineOfCode(nn.Module):
         compatibilities: torch.Tensor,
         codes: torch.Tensor,
         position_bias: torch.Tensor | None,
+        combine: bool = False,
     ) -> torch.Tensor:
         """x (B, N, d) shared by all streams or (U, B, N, d); compatibilities (U, B, N) -> (U, B, N, d).
 
         position_bias: this LOC's (U, H, N, N) relative positional bias (see `NeuralInterpreterScript`), or None.
+        combine: return sum_u C_ui LOC_u(x)_i (B, N, d), Eq. 8's combination of the streams, instead of them.
         """
         u = codes.shape[0]
         h = self.attention_norm(x)
-        b, n = h.shape[-3], h.shape[-2]
+        n = h.shape[-2]
         scale = 1.0 / math.sqrt(self.head_size)
 
         def heads(projection: ModLin, factor: float = 1.0) -> torch.Tensor:
@@ -650,6 +832,12 @@ class LineOfCode(nn.Module):
         implementation = self.config._attn_implementation or "sdpa"
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         bias = None if position_bias is None else position_bias * scale
+        gate = compatibilities.unsqueeze(-1)
+        eps = self.config.attention_eps
+        # Without hidden dropout, the gated products, Eq. 6's division, the MLP's LayerNorm and its GELU are formed
+        # inside custom Functions that keep only their inputs for the backward (cheap elementwise work is redone).
+        lean = not (self.training and self.config.hidden_dropout_prob > 0)
+        columns = lean and implementation != "eager"  # the attention hands over A @ [C v, C], not Eq. 6
         if (
             implementation == "sdpa"
             and h.dim() == 3
@@ -662,27 +850,34 @@ class LineOfCode(nn.Module):
                 h,
                 self.query.function_weights(codes) * scale,
                 self.key.function_weights(codes),
-                heads(self.value),
+                self.value.function_weights(codes),
+                self.value.function_bias(u),
                 compatibilities,
                 bias,
-                eps=self.config.attention_eps,
+                self.num_heads,
+                eps=eps,
+                normalise=not columns,
             )
         else:
             # The softmax scale is folded into the query weights (U x out x in numbers, not B x U x N x out).
             q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
             attention = ATTENTION_FUNCTIONS.get(implementation, modulated_attention_sdpa)
+            kwargs = {"normalise": False} if columns else {}
             attended = attention(
-                q, k, v, compatibilities, bias, scale=1.0, eps=self.config.attention_eps, dropout=dropout
+                q, k, v, compatibilities, bias, scale=1.0, eps=eps, dropout=dropout, **kwargs
             )
-        attended = attended.permute(1, 0, 3, 2, 4).reshape(u, b, n, -1)  # (B, U, H, N, dv) -> (U, B, N, d)
-        gate = compatibilities.unsqueeze(-1)
-        if self.training and self.config.hidden_dropout_prob > 0:
+        if not lean:
+            attended = _merge_heads(attended)
             a = torch.addcmul(x, gate, self.dropout(self.output(attended, codes)))
-            return torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
-        # Without dropout, the gated products, the MLP's LayerNorm and its GELU are formed inside custom
-        # Functions that keep only their inputs for the backward (cheap elementwise work is recomputed there).
-        a = x + gated_mod_lin(self.output, attended, codes, gate)
+            streams = torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
+            return (gate * streams).sum(0) if combine else streams
+        if columns:
+            a = x + attention_output(self.output, attended, compatibilities, eps, codes, gate)
+        else:
+            a = x + gated_mod_lin(self.output, _merge_heads(attended), codes, gate)
         hidden = norm_mod_lin(self.mlp_norm, self.mlp.fc1, a, codes)
+        if combine:
+            return gated_mod_lin_sum(self.mlp.fc2, a, hidden, codes, gate)
         return a + gated_mod_lin(self.mlp.fc2, hidden, codes, gate, gelu=True)
 
 
@@ -751,8 +946,9 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         streams = hidden_states  # every stream starts from the same x: kept unexpanded for the first LOC
         for i, loc in enumerate(self.locs):
             bias = None if position_biases is None else position_biases[i]
-            streams = loc(streams, compatibilities, self.codes, bias)
-        output = (compatibilities.unsqueeze(-1) * streams).sum(dim=0)
+            # The last LOC forms sum_u C_ui LOC_u(x)_i itself, which spares keeping the streams for dL/dC.
+            streams = loc(streams, compatibilities, self.codes, bias, combine=i == len(self.locs) - 1)
+        output = streams
         if self.config.outer_residual:
             output = hidden_states + output
         return output, compatibilities, types
