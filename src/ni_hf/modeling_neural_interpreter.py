@@ -298,7 +298,7 @@ class _GatedModLinSum(torch.autograd.Function):
     """sum_u C_u (a_u + C_u ModLin(GELU(x_u); c_u)): the last LOC's gated MLP and the sum of Eq. 8, in one step.
 
     Keeps a and x (which the LOC keeps anyway), not the (U, B, N, d) streams that the sum over functions would
-    keep for dL/dC. The incoming gradient g is the same for every function, so g W_u is one GEMM.
+    keep for dL/dC.
     """
 
     @staticmethod
@@ -315,35 +315,17 @@ class _GatedModLinSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         a, x, weight, bias, gate = ctx.saved_tensors
-        u, b, n, in_features = x.shape
         with ctx.autocast():
-            flat_grad = grad.reshape(b * n, -1)  # (B*N, out), shared by all functions
-            out_features = flat_grad.shape[-1]
-            # g W_u for all u in one GEMM: (B*N, out) @ (out, U * in), read back as (U, B*N, in).
-            stacked = weight.to(flat_grad.dtype).permute(1, 0, 2).reshape(out_features, u * in_features)
-            grad_w = (flat_grad @ stacked).view(b * n, u, in_features).transpose(0, 1)
-            inputs = F.gelu(x).reshape(u, b * n, in_features)
-            flat_gate = gate.reshape(u, b * n, 1)
-            gate_sq = flat_gate * flat_gate
-            grad_x = torch.ops.aten.gelu_backward(grad_w * gate_sq, x.reshape(u, b * n, -1).to(grad_w.dtype))
-            # dL/dC_u = g . a_u + 2 C_u g . m_u, with g . m_u = (g W_u) . GELU(x_u) + g . b.
-            g_dot_m = (grad_w * inputs.to(grad_w.dtype)).sum(-1, keepdim=True, dtype=torch.float32)
-            if bias is not None:
-                g_dot_m = g_dot_m + (flat_grad.float() @ bias.float()).unsqueeze(-1)
-            g_dot_a = (a.reshape(u, b * n, -1) * flat_grad).sum(-1, keepdim=True, dtype=torch.float32)
-            grad_gate = g_dot_a + 2 * flat_gate.float() * g_dot_m
-            grad_a = grad.unsqueeze(0) * gate
-            grad_weight = torch.bmm((flat_grad * gate_sq).transpose(1, 2), inputs.to(flat_grad.dtype))
-            grad_bias = None
-            if bias is not None:
-                grad_bias = (flat_grad * gate_sq.sum(0)).sum(0, dtype=torch.float32).to(bias.dtype)
-        return (
-            grad_a.to(a.dtype),
-            grad_x.view_as(x).to(x.dtype),
-            grad_weight.to(weight.dtype),
-            grad_bias,
-            grad_gate.view_as(gate).to(gate.dtype),
-        )
+            # The sum is sum_u C_u a_u + sum_u C_u^2 m_u: the gated layer's backward with gate C^2 gives dL/dx,
+            # dL/dW_u, dL/db and g . m_u; then dL/dC_u = g . a_u + 2 C_u g . m_u.
+            per_function = grad.unsqueeze(0).expand_as(a)
+            grad_x, grad_weight, grad_bias, g_dot_m = _gated_mod_lin_backward(
+                per_function, x, weight, bias, gate * gate, gelu=True
+            )
+            g_dot_a = (a * per_function).sum(-1, keepdim=True, dtype=torch.float32)
+            grad_gate = g_dot_a + 2 * gate.float() * g_dot_m.float()
+            grad_a = per_function * gate
+        return grad_a.to(a.dtype), grad_x, grad_weight, grad_bias, grad_gate.to(gate.dtype)
 
 
 def gated_mod_lin_sum(
