@@ -47,7 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import ni_hf
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
-from ni_hf.modeling_neural_interpreter import patchify
+from ni_hf.modeling_neural_interpreter import patchify, release_workspace
 
 MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit")
 """Benchmarked models: our model with SDPA / eager attention, and transformers' ViT baseline."""
@@ -520,8 +520,10 @@ def measure_cpu_peak_memory(variant: Variant, mode: str, args: argparse.Namespac
 
     Where /proc/self/clear_refs works, the peak is reset to the current RSS first and growth = VmHWM after the
     step - VmRSS before it; else growth = ru_maxrss after - ru_maxrss before (an underestimate if an earlier
-    phase, e.g. imports, peaked higher than the step's working set).
+    phase, e.g. imports, peaked higher than the step's working set). Our model's reused CPU buffers are
+    released first, so that the step's growth includes them.
     """
+    release_workspace()
     gc.collect()
     if _reset_peak_rss() and _proc_status_kib("VmHWM") is not None:
         method = "VmHWM - VmRSS (peak reset via /proc/self/clear_refs)"

@@ -11,6 +11,7 @@ same computation with two batched matmuls) or "eager" (the literal formula of Eq
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -464,21 +465,27 @@ def modulated_attention_eager(
     return weights @ value
 
 
-def _compatibility_columns(value: torch.Tensor, c_key: torch.Tensor) -> torch.Tensor:
-    """[C_uj v_j, C_uj] (B, U, H, N, dv + 1): values scaled by the key compatibilities, plus C_uj as a column."""
+def _compatibility_columns(value: torch.Tensor, c_key: torch.Tensor, transient: bool = False) -> torch.Tensor:
+    """[C_uj v_j, C_uj] (B, U, H, N, dv + 1): values scaled by the key compatibilities, plus C_uj as a column.
+
+    transient: the result dies inside the calling autograd Function (see `_Workspace`).
+    """
     b, u, h, n, _ = value.shape
-    return torch.cat([value * c_key, c_key.expand(b, u, h, n, 1)], dim=-1)
+    parts = [value * c_key, c_key.expand(b, u, h, n, 1)]
+    if not (transient and _reuses_workspace(value, c_key)):
+        return torch.cat(parts, dim=-1)
+    return torch.cat(parts, dim=-1, out=_WORKSPACE.get("columns", (b, u, h, n, value.shape[-1] + 1), value))
 
 
 def _attention_weights_backward(
     probs: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor, value: torch.Tensor, c_key: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward of out = P @ [C_uj v_j, C_uj] with P = softmax(logits): (dL/d columns, dL/d logits)."""
-    columns = _compatibility_columns(value, c_key)
+    columns = _compatibility_columns(value, c_key, transient=True)
     grad_out = grad_out.to(probs.dtype)
-    grad_columns = probs.transpose(-1, -2) @ grad_out
+    grad_columns = _transient_matmul("dL/dcolumns", probs.transpose(-1, -2), grad_out)
     # dL/dlogits = P * (dL/dP - rowsum(dO * O)), in place on the one N x N buffer.
-    grad_logits = grad_out @ columns.transpose(-1, -2)
+    grad_logits = _transient_matmul("dL/dlogits", grad_out, columns.transpose(-1, -2))
     grad_logits.sub_((grad_out * out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(probs)
     return grad_columns, grad_logits
 
@@ -506,7 +513,7 @@ class _AttentionWithRecompute(torch.autograd.Function):
         ctx.autocast = _AutocastState(query.device.type)
         query, key = query.contiguous(), key.contiguous()
         probs = _attention_probs(query, key, position_bias, scale)
-        out = probs @ _compatibility_columns(value, c_key)
+        out = probs @ _compatibility_columns(value, c_key, transient=True)
         ctx.scale = scale
         ctx.save_for_backward(query, key, value, c_key, position_bias, out)
         return out
@@ -536,6 +543,70 @@ class _AttentionWithRecompute(torch.autograd.Function):
         )
 
 
+class _Workspace(threading.local):
+    """Reused CPU buffers for the bilinear form's largest transients: h A, its gradient, the logits.
+
+    glibc maps every allocation above 32 MiB afresh (h A is 126 MiB at batch 128 for the digits preset), and
+    faulting those pages in takes about half as long as the GEMM that fills them. Each buffer is reused by every
+    function iteration, forward and backward, and grows to the largest size seen. One set per thread.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+        numel = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != like.dtype:
+            buffer = self.buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buffer[:numel].view(shape)
+
+
+_WORKSPACE = _Workspace()
+
+
+def release_workspace() -> None:
+    """Free this thread's reused CPU buffers (`_Workspace`); the next forward allocates them again."""
+    _WORKSPACE.buffers.clear()
+
+
+def _reuses_workspace(*tensors: torch.Tensor) -> bool:
+    """Whether a product of these can be written into a `_Workspace` buffer: float32 on CPU, outside autocast."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and not (
+        torch.is_autocast_enabled("cpu")
+    )
+
+
+def _transient_bmm(name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b (batched, 3-D) for a result that dies before the next call with the same name."""
+    if not _reuses_workspace(a, b):
+        return torch.bmm(a, b)
+    return torch.bmm(a, b, out=_WORKSPACE.get(name, (a.shape[0], a.shape[1], b.shape[2]), a))
+
+
+def _transient_matmul(name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b (same batch dimensions), for a result that dies before the next call with the same name."""
+    if not _reuses_workspace(a, b):
+        return a @ b
+    return torch.matmul(a, b, out=_WORKSPACE.get(name, (*a.shape[:-1], b.shape[-1]), a))
+
+
+def _transient_copy(name: str, x: torch.Tensor) -> torch.Tensor:
+    """x.contiguous(), for a result that dies before the next call with the same name."""
+    if not _reuses_workspace(x):
+        return x.contiguous()
+    return _WORKSPACE.get(name, x.shape, x).copy_(x)
+
+
+def _transient_linear(name: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) without bias, for a result that dies before the next call with the same name."""
+    if not _reuses_workspace(x, weight):
+        return F.linear(x, weight)
+    flat = x.reshape(-1, x.shape[-1])
+    out = _WORKSPACE.get(name, (flat.shape[0], weight.shape[0]), x)
+    return torch.mm(flat, weight.t(), out=out).view(*x.shape[:-1], weight.shape[0])
+
+
 class _BilinearAttention(torch.autograd.Function):
     """softmax(h A_uh h^T + bias) @ [C_uj v_j, C_uj], v = h W_v,u^T + b_v, for a set h (B, N, d) every function reads.
 
@@ -556,11 +627,11 @@ class _BilinearAttention(torch.autograd.Function):
         ctx.num_heads = num_heads
         hidden = hidden.contiguous()
         num_functions = c_key.shape[1]
-        mixed = F.linear(hidden, bilinear)  # h A: (B, N, U * H * d), rows (i, u, h)
+        mixed = _transient_linear("h A", hidden, bilinear)  # (B, N, U * H * d), rows (i, u, h)
         probs = _bilinear_probs(mixed, hidden, position_bias, num_functions, num_heads)  # (B, N, U, H, N)
         probs = probs.permute(0, 2, 3, 1, 4).contiguous()  # (B, U, H, N, N)
         value = _bilinear_values(hidden, value_weight, value_bias, num_functions, num_heads)
-        out = probs @ _compatibility_columns(value, c_key)
+        out = probs @ _compatibility_columns(value, c_key, transient=True)
         ctx.save_for_backward(hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs)
         return out
 
@@ -570,7 +641,7 @@ class _BilinearAttention(torch.autograd.Function):
         b, n, d = hidden.shape
         u, h = c_key.shape[1], ctx.num_heads
         with ctx.autocast():
-            mixed = F.linear(hidden, bilinear)
+            mixed = _transient_linear("h A", hidden, bilinear)
             value = _bilinear_values(hidden, value_weight, value_bias, u, h)
             grad_columns, grad_logits = _attention_weights_backward(probs, grad_out, out, value, c_key)
             del probs
@@ -578,9 +649,11 @@ class _BilinearAttention(torch.autograd.Function):
             if position_bias is not None and ctx.needs_input_grad[5]:
                 grad_bias = grad_logits.sum(0).to(position_bias.dtype)
             # Back to the rows (i, u, h) of h A: one copy of the N x N gradient.
-            grad_logits = grad_logits.permute(0, 3, 1, 2, 4).reshape(b, -1, n)
+            grad_logits = _transient_copy("dL/dlogits rows", grad_logits.permute(0, 3, 1, 2, 4)).view(
+                b, -1, n
+            )
             mixed = mixed.to(grad_logits.dtype).view(b, -1, d)
-            grad_mixed = torch.bmm(grad_logits, hidden.to(grad_logits.dtype)).view(b, n, -1)
+            grad_mixed = _transient_bmm("dL/dh A", grad_logits, hidden.to(grad_logits.dtype)).view(b, n, -1)
             grad_hidden = torch.bmm(grad_logits.transpose(1, 2), mixed)
             grad_hidden = grad_hidden.add_(grad_mixed @ bilinear.to(grad_mixed.dtype))
             flat_hidden = hidden.reshape(b * n, d)
@@ -617,9 +690,12 @@ def _bilinear_probs(
 ) -> torch.Tensor:
     """softmax_j((h A_uh)_i . h_j + bias_uh,ij) as (B, N, U, H, N), from h A (B, N, U * H * d) and h (B, N, d)."""
     b, n, d = hidden.shape
-    logits = torch.bmm(mixed.reshape(b, -1, d), hidden.to(mixed.dtype).transpose(1, 2)).view(b, n, u, h, n)
+    logits = _transient_bmm("logits", mixed.reshape(b, -1, d), hidden.to(mixed.dtype).transpose(1, 2))
+    logits = logits.view(b, n, u, h, n)
     if position_bias is not None:
         logits += position_bias.permute(2, 0, 1, 3).to(logits.dtype)
+    if _reuses_workspace(logits):  # the logits are a workspace buffer: softmax in place
+        return torch.ops.aten._softmax.out(logits, -1, False, out=logits)
     return torch.softmax(logits, dim=-1)
 
 
