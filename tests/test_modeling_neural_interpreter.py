@@ -613,8 +613,9 @@ def test_set_regression_gradients_reach_every_parameter(tester):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(tester):
-    config = tester.get_config()
+@pytest.mark.parametrize("bilinear", [False, True])
+def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear):
+    config = tester.get_config(**({"hidden_size": 8, "attention_head_size": 8} if bilinear else {}))
     model = NeuralInterpreterForImageClassification(config).train()
     inputs = tester.prepare_inputs(config)
     model(**inputs).loss.backward()
@@ -624,6 +625,40 @@ def test_gradient_checkpointing_gives_the_same_gradients(tester):
     model(**inputs).loss.backward()
     for n, g in reference.items():
         torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatch, checkpointing):
+    """The bilinear form writes its transients into reused buffers: batches of other sizes, one after another,
+    with or without activation checkpointing (which redoes forwards inside the backward), match fresh tensors."""
+    config = tester.get_config(hidden_size=8, attention_head_size=8, truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    batches = []
+    for size in (3, 2, 3):
+        tester.batch_size = size
+        batches.append(tester.prepare_inputs(config))
+
+    def run() -> list:
+        results = []
+        for inputs in batches:
+            model.zero_grad()
+            out = model(**inputs)
+            out.loss.backward()
+            results.append((out.logits, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        return results
+
+    modeling_neural_interpreter.release_workspace()
+    reused = run()
+    assert modeling_neural_interpreter._WORKSPACE.buffers  # the buffers were used
+    monkeypatch.setattr(modeling_neural_interpreter, "_reuses_workspace", lambda *tensors: False)
+    fresh = run()
+    for (logits, grads), (fresh_logits, fresh_grads) in zip(reused, fresh, strict=True):
+        torch.testing.assert_close(logits, fresh_logits, atol=0, rtol=0)
+        for g, f in zip(grads, fresh_grads, strict=True):
+            torch.testing.assert_close(g, f, atol=1e-7, rtol=1e-6)
 
 
 # --- forward options ------------------------------------------------------------------------------------
