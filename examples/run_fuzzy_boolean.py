@@ -173,6 +173,19 @@ class FuzzyBooleanArguments:
     adapt_learning_rate: float = field(
         default=5e-2, metadata={"help": "RAdam learning rate of adaptation (paper: 5e-2, constant)."}
     )
+    adapt_lr_scheduler_type: str = field(
+        default="constant",
+        metadata={
+            "help": "Learning-rate schedule of adaptation (paper: constant). Another one (e.g. cosine) tests a "
+            "deviation the paper does not state; see examples/README.md."
+        },
+    )
+    adapt_warmup: float = field(
+        default=0.0,
+        metadata={
+            "help": "Linear warm-up of adaptation: steps if >= 1, else a fraction of the steps (paper: none)."
+        },
+    )
     settings: str = field(
         default="cls_tokens,type_inference,all",
         metadata={
@@ -400,8 +413,11 @@ def phase_arguments(
     batch_size: int,
     epochs: float,
     max_steps: int,
+    lr_scheduler_type: str = "constant",
+    warmup: float = 0.0,
 ) -> TrainingArguments:
-    """A copy of ``base`` for one phase: its own output_dir, learning rate, batch size, length; constant LR."""
+    """A copy of ``base`` for one phase: its own output_dir, learning rate, batch size, length and schedule
+    (the paper's: constant, no warm-up)."""
     return dataclasses.replace(
         base,
         output_dir=str(output_dir),
@@ -409,10 +425,17 @@ def phase_arguments(
         per_device_train_batch_size=batch_size,
         num_train_epochs=epochs,
         max_steps=max_steps if max_steps and max_steps > 0 else -1,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        lr_scheduler_type=lr_scheduler_type,
+        warmup_steps=int(warmup) if warmup >= 1 else warmup,
         remove_unused_columns=False,
     )
+
+
+def describe_schedule(lr_scheduler_type: str, warmup: float) -> str:
+    """'constant' (the paper's), or e.g. 'cosine, warm-up 0.05 of the steps' for a tested deviation."""
+    if warmup <= 0:
+        return lr_scheduler_type
+    return f"{lr_scheduler_type}, warm-up {int(warmup) if warmup >= 1 else warmup}{'' if warmup >= 1 else ' of the'} steps"
 
 
 def pretraining_resume_point(resume_from_checkpoint: str | None, pretrain_dir: Path) -> str | None:
@@ -558,7 +581,7 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"{sizes['points_per_function']} points per function (test fraction {sizes['test_fraction']}), batch "
         f"{sizes['batch_size']}, {pretraining}, "
         f"adaptation {sizes['adapt_steps_desc']}; RAdam {sizes['pretrain_learning_rate']} / "
-        f"{sizes['adapt_learning_rate']}, constant. R^2 = 1 - SSE/SST per function on its test split; mean ± "
+        f"{sizes['adapt_learning_rate']}, {sizes['adapt_schedule']}. R^2 = 1 - SSE/SST per function on its test split; mean ± "
         "population std over the functions.",
         "",
         "| Parameter set | R^2 (this run) | R^2 (paper) |",
@@ -594,8 +617,8 @@ PHASE_FIELDS = {
     "num_train_epochs": "--pretrain_epochs / --adapt_epochs",
     "max_steps": "--pretrain_max_steps / --adapt_max_steps",
     "per_device_train_batch_size": "--batch_size",
-    "lr_scheduler_type": "(constant, as in the paper)",
-    "warmup_steps": "(none, as in the paper)",
+    "lr_scheduler_type": "--adapt_lr_scheduler_type (pre-training: constant, as in the paper)",
+    "warmup_steps": "--adapt_warmup (pre-training: none, as in the paper)",
 }
 
 
@@ -633,6 +656,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         test_fraction=exp.test_fraction,
         pretrain_learning_rate=exp.pretrain_learning_rate,
         adapt_learning_rate=exp.adapt_learning_rate,
+        adapt_schedule=describe_schedule(exp.adapt_lr_scheduler_type, exp.adapt_warmup),
     )
     settings = [] if exp.settings.strip().lower() == "none" else [s.strip() for s in exp.settings.split(",")]
     for s in settings:
@@ -817,6 +841,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             sizes["batch_size"],
             sizes["adapt_epochs"],
             adapt_steps,
+            exp.adapt_lr_scheduler_type,
+            exp.adapt_warmup,
         )
         trainer, timer = make_trainer(
             model, adapt_args, datasets["adapt"]["train"], datasets["adapt"]["test"], exp.adapt_learning_rate

@@ -243,3 +243,14 @@ def test_helpers(bench: ModuleType) -> None:
     assert (stats["images_per_s_min"], stats["images_per_s_max"]) == (2.0, 8.0)
     assert stats["images_per_s_q1"] <= stats["images_per_s_median"] <= stats["images_per_s_q3"]
     assert bench.throughput_stats([], 8) is None
+
+
+def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(bench: ModuleType) -> None:
+    """Under CUDA graphs the pool is allocated while recording, so one replayed step's growth is not a peak."""
+    assert bench.uses_cuda_graphs(bench.parse_args(["--cuda-graphs"]))
+    assert bench.uses_cuda_graphs(bench.parse_args(["--compile-mode", "max-autotune"]))
+    assert not bench.uses_cuda_graphs(bench.parse_args(["--compile"]))
+    assert not bench.uses_cuda_graphs(bench.parse_args([]))
+    args = bench.parse_args(["--cuda-graphs", "--memory", "inprocess"])
+    args.device = torch.device("cuda")  # nothing runs on it: the reading is refused before any model is built
+    assert bench.measure_memory("ni-sdpa", "training", False, args) is None

@@ -336,6 +336,11 @@ def gated_mod_lin_sum(
     return _GatedModLinSum.apply(a, x, projection.function_weights(codes), projection.bias, gate)
 
 
+def _layer_norm_input(x: torch.Tensor, norm_weight: torch.Tensor | None) -> torch.Tensor:
+    """x in the LayerNorm weight's dtype, as autocast runs layer_norm (CUDA's kernels take no mixed dtypes)."""
+    return x if norm_weight is None or x.dtype == norm_weight.dtype else x.to(norm_weight.dtype)
+
+
 class _NormModLin(torch.autograd.Function):
     """ModLin(LayerNorm(x); c_u) for the U functions, keeping x and its statistics, not the normalised x."""
 
@@ -343,7 +348,9 @@ class _NormModLin(torch.autograd.Function):
     def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias):
         ctx.autocast = _AutocastState(x.device.type)
         ctx.eps = eps
-        normed, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)
+        normed, mean, rstd = torch.native_layer_norm(
+            _layer_norm_input(x, norm_weight), x.shape[-1:], norm_weight, norm_bias, eps
+        )
         num_functions = weight.shape[0]
         y = apply_function_weights(normed, weight, None if bias is None else bias.expand(num_functions, -1))
         ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, weight, bias)
@@ -363,9 +370,19 @@ class _NormModLin(torch.autograd.Function):
             )
             grad_bias = None if bias is None else grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
             grad_normed = torch.bmm(grad, weight.to(grad.dtype)).view_as(x).to(x.dtype)
+        x_norm = _layer_norm_input(x, norm_weight)
         grad_x, grad_norm_weight, grad_norm_bias = torch.ops.aten.native_layer_norm_backward(
-            grad_normed, x, x.shape[-1:], mean, rstd, norm_weight, norm_bias, list(ctx.needs_input_grad[:3])
+            grad_normed.to(x_norm.dtype),
+            x_norm,
+            x.shape[-1:],
+            mean,
+            rstd,
+            norm_weight,
+            norm_bias,
+            list(ctx.needs_input_grad[:3]),
         )
+        if grad_x is not None:
+            grad_x = grad_x.to(x.dtype)
         return grad_x, grad_norm_weight, grad_norm_bias, None, grad_weight.to(weight.dtype), grad_bias
 
 
@@ -571,9 +588,15 @@ def release_workspace() -> None:
 
 
 def _reuses_workspace(*tensors: torch.Tensor) -> bool:
-    """Whether a product of these can be written into a `_Workspace` buffer: float32 on CPU, outside autocast."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and not (
-        torch.is_autocast_enabled("cpu")
+    """Whether a product of these can be written into a `_Workspace` buffer: float32 on CPU, outside autocast.
+
+    Never while torch.compile traces: the compiler plans its own buffers, and a mutated module-level buffer is a
+    side effect that breaks the graph (torch < 2.13) inside the custom Functions.
+    """
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
     )
 
 
