@@ -362,6 +362,38 @@ def test_norm_mod_lin_has_exact_gradients():
     )
 
 
+def test_norm_mod_lin_normalises_a_bf16_stream_in_the_weights_float32_like_autocast():
+    """Under autocast the stream can be bf16 while the LayerNorm weights stay float32. CUDA's layer-norm kernels
+    take no mixed dtypes (the bf16 backward failed on an H100), so the norm runs on x in float32, as autocast's
+    layer_norm does, and dL/dx comes back in x's dtype."""
+    torch.manual_seed(0)
+    u, b, n, d_in, d_out = 2, 3, 4, 8, 5
+    x = torch.randn(u, b, n, d_in).to(torch.bfloat16).requires_grad_()
+    norm = torch.nn.LayerNorm(d_in)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    weight = torch.randn(u, d_out, d_in, requires_grad=True)
+    bias = torch.randn(d_out, requires_grad=True)
+    out = _NormModLin.apply(x, norm.weight, norm.bias, norm.eps, weight, bias)
+    assert out.dtype == torch.float32
+    out.square().sum().backward()
+    params = (norm.weight, norm.bias, weight, bias)
+    grads = [p.grad.clone() for p in params]
+    for param in params:
+        param.grad = None
+
+    reference_x = x.detach().float().requires_grad_()
+    reference = norm(reference_x) @ weight.transpose(1, 2).unsqueeze(1) + bias
+    torch.testing.assert_close(out.detach(), reference.detach())
+    reference.square().sum().backward()
+    assert x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x.grad, reference_x.grad.to(torch.bfloat16))
+    for grad, param in zip(grads, params, strict=True):
+        assert grad.dtype == torch.float32
+        torch.testing.assert_close(grad, param.grad)
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_attention_output_has_exact_gradients(with_bias):
     """gate * ModLin(Eq. 6's division of A @ [C v, C], heads merged), recomputed in the backward."""

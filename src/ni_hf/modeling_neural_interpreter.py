@@ -369,7 +369,7 @@ class _NormModLin(torch.autograd.Function):
                 grad.transpose(1, 2), normed.reshape(u, b * n, in_features).to(grad.dtype)
             )
             grad_bias = None if bias is None else grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
-            grad_normed = torch.bmm(grad, weight.to(grad.dtype)).view_as(x).to(x.dtype)
+            grad_normed = torch.bmm(grad, weight.to(grad.dtype)).view_as(x)
         x_norm = _layer_norm_input(x, norm_weight)
         grad_x, grad_norm_weight, grad_norm_bias = torch.ops.aten.native_layer_norm_backward(
             grad_normed.to(x_norm.dtype),
