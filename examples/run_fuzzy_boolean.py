@@ -151,6 +151,13 @@ class FuzzyBooleanArguments:
     num_pretrain_functions: int = field(default=20, metadata={"help": "Functions of the pre-training task."})
     num_adapt_functions: int = field(default=10, metadata={"help": "New functions of the adaptation task."})
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the truth tables and the input points."})
+    adapt_dataset_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "Draw the adaptation functions and points from this seed instead (pre-training data stay "
+            "those of --dataset_seed): measures how much the adaptation R^2 moves with the draw of new functions."
+        },
+    )
     batch_size: int | None = field(
         default=None,
         metadata={"help": "Training batch size of both phases; default: protocol's (paper: 128)."},
@@ -184,6 +191,14 @@ class FuzzyBooleanArguments:
         default=0.0,
         metadata={
             "help": "Linear warm-up of adaptation: steps if >= 1, else a fraction of the steps (paper: none)."
+        },
+    )
+    adapt_straight_through: bool = field(
+        default=False,
+        metadata={
+            "help": "Adapt with straight-through gradients of the kernel's truncation (config.straight_through; "
+            "forward unchanged). Paper/reference: off. Truncated pairs then still get a gradient, so routing that "
+            "a large step truncated everywhere can recover (see examples/README.md)."
         },
     )
     settings: str = field(
@@ -425,7 +440,10 @@ def phase_arguments(
         per_device_train_batch_size=batch_size,
         num_train_epochs=epochs,
         max_steps=max_steps if max_steps and max_steps > 0 else -1,
-        lr_scheduler_type=lr_scheduler_type,
+        # Transformers' "constant" ignores the warm-up; "constant_with_warmup" is the constant schedule with one.
+        lr_scheduler_type="constant_with_warmup"
+        if lr_scheduler_type == "constant" and warmup > 0
+        else lr_scheduler_type,
         warmup_steps=int(warmup) if warmup >= 1 else warmup,
         remove_unused_columns=False,
     )
@@ -679,11 +697,14 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         points_per_function=sizes["points_per_function"],
         test_fraction=exp.test_fraction,
         seed=exp.dataset_seed,
+        adapt_seed=exp.adapt_dataset_seed,
     )
     datasets = {
         group: {split: TensorBatchDataset(*data[group][split]) for split in ("train", "test")}
         for group in ("pretrain", "adapt")
     }
+    if exp.adapt_dataset_seed is not None:
+        logger.info("Adaptation functions and points drawn from seed %d", exp.adapt_dataset_seed)
     logger.info(
         "Data (seed %d) in %.1f s: pre-training %d functions, %d train / %d test points; adaptation %d functions, "
         "%d train / %d test points",
@@ -816,7 +837,9 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         f"{adapt_steps} steps" if adapt_steps > 0 else f"{sizes['adapt_epochs']:g} epochs"
     ) + " per setting"
     for setting in settings:
-        model = NeuralInterpreterForSetRegression.from_pretrained(str(pretrain_dir))
+        model = NeuralInterpreterForSetRegression.from_pretrained(
+            str(pretrain_dir), straight_through=exp.adapt_straight_through
+        )
         # Same fresh CLS tokens for every setting: seed the draw.
         torch.manual_seed(base_args.seed + 1)
         model.neural_interpreter.reset_task_tokens(adapt_names)

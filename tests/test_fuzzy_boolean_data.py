@@ -197,6 +197,24 @@ def test_tensors_match_datasets_and_seeds() -> None:
     assert not torch.equal(tensors["pretrain"]["train"][0], tensors["adapt"]["train"][0])
 
 
+def test_adapt_seed_redraws_only_the_adaptation_functions_and_points() -> None:
+    kwargs = {"num_pretrain_functions": 4, "num_adapt_functions": 3, "points_per_function": 500, "seed": 3}
+    base = make_fuzzy_boolean_tensors(**kwargs)
+    redrawn = make_fuzzy_boolean_tensors(adapt_seed=7, **kwargs)
+    again = make_fuzzy_boolean_datasets(adapt_seed=7, **kwargs)
+    assert redrawn["functions"]["pretrain"] == base["functions"]["pretrain"]
+    for split in ("train", "test"):
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(redrawn["pretrain"][split], base["pretrain"][split], strict=True)
+        )
+        assert not torch.equal(redrawn["adapt"][split][0], base["adapt"][split][0])
+        assert torch.equal(redrawn["adapt"][split][1], again["adapt"][split][:]["labels"])
+    assert len(redrawn["functions"]["adapt"]) == 3
+    assert set(redrawn["functions"]["adapt"]).isdisjoint(base["functions"]["adapt"])
+    assert redrawn["functions"]["adapt"] == again["functions"]["adapt"]
+
+
 def test_paper_sizes_are_fast() -> None:
     """The paper-sized tensors (163840 points, 20 + 10 functions) build quickly with the 131072/32768 split."""
     import time

@@ -198,6 +198,29 @@ def test_phase_training_arguments_are_flagged(script: ModuleType) -> None:
     assert len(ignored) == 2 and "--pretrain_learning_rate" in ignored[0]
 
 
+def test_adaptation_schedule_options_reach_the_phase_arguments(script: ModuleType) -> None:
+    """The paper's constant schedule by default; a warm-up with "constant" becomes transformers' constant_with_warmup
+    (plain "constant" would silently ignore it)."""
+    exp, base = script.parse_args(["--output_dir", "unused"])
+    assert (exp.adapt_lr_scheduler_type, exp.adapt_warmup, exp.adapt_straight_through) == (
+        "constant",
+        0.0,
+        False,
+    )
+
+    def phase(scheduler: str, warmup: float) -> Any:
+        return script.phase_arguments(base, Path("unused"), 5e-2, 128, 3.0, -1, scheduler, warmup)
+
+    paper = phase("constant", 0.0)
+    assert paper.lr_scheduler_type.value == "constant" and paper.warmup_steps == 0
+    warm = phase("constant", 0.05)
+    assert warm.lr_scheduler_type.value == "constant_with_warmup" and warm.warmup_steps == 0.05
+    cosine = phase("cosine", 300)
+    assert cosine.lr_scheduler_type.value == "cosine" and cosine.warmup_steps == 300
+    assert script.describe_schedule("cosine", 0.05) == "cosine, warm-up 0.05 of the steps"
+    assert script.describe_schedule("constant", 0.0) == "constant"
+
+
 def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: ModuleType, tmp_path: Path) -> None:
     """4 steps, then the same command continued to 6 steps, give the weights of 6 steps in one go.
 

@@ -186,17 +186,25 @@ def _generate_arrays(
     points_per_function: int,
     test_fraction: float,
     seed: int,
+    adapt_seed: int | None = None,
 ) -> dict[str, Any]:
-    """Sample the functions and the shared input points; return float32 numpy arrays per group and split."""
+    """Sample the functions and the shared input points; return float32 numpy arrays per group and split.
+
+    adapt_seed: draw the adaptation functions and their points from this seed instead (the pre-training data
+    stays that of `seed`), to see how much the adaptation results move with the draw of new functions.
+    """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    fn_seed, pre_seed, adapt_seed = np.random.SeedSequence(seed).spawn(3)
+    fn_seed, pre_seed, point_seed_adapt = np.random.SeedSequence(seed).spawn(3)
     functions = sample_functions(num_pretrain_functions + num_adapt_functions, num_variables, seed=fn_seed)
     groups = {"pretrain": functions[:num_pretrain_functions], "adapt": functions[num_pretrain_functions:]}
+    if adapt_seed is not None:
+        adapt_fn_seed, point_seed_adapt = np.random.SeedSequence([adapt_seed, 1]).spawn(2)
+        groups["adapt"] = sample_functions(num_adapt_functions, num_variables, seed=adapt_fn_seed)
     num_test = int(round(points_per_function * test_fraction))
     num_train = points_per_function - num_test
     out: dict[str, Any] = {"functions": groups}
-    for name, point_seed in (("pretrain", pre_seed), ("adapt", adapt_seed)):
+    for name, point_seed in (("pretrain", pre_seed), ("adapt", point_seed_adapt)):
         x = np.random.default_rng(point_seed).random((points_per_function, num_variables))
         tables = np.array([f.truth_table for f in groups[name]], dtype=bool).reshape(-1, 2**num_variables)
         y = evaluate_truth_tables(x, tables)
@@ -215,6 +223,7 @@ def make_fuzzy_boolean_tensors(
     points_per_function: int = 163840,
     test_fraction: float = 0.2,
     seed: int = 0,
+    adapt_seed: int | None = None,
 ) -> dict[str, Any]:
     """Same data as ``make_fuzzy_boolean_datasets`` as float32 tensors: ``{group: {split: (inputs, targets)}}``.
 
@@ -222,7 +231,13 @@ def make_fuzzy_boolean_tensors(
     "adapt": [...]}}`` with X of shape (num_points, N) and Y of shape (num_points, num_functions_of_group).
     """
     arrays = _generate_arrays(
-        num_pretrain_functions, num_adapt_functions, num_variables, points_per_function, test_fraction, seed
+        num_pretrain_functions,
+        num_adapt_functions,
+        num_variables,
+        points_per_function,
+        test_fraction,
+        seed,
+        adapt_seed,
     )
     out: dict[str, Any] = {"functions": arrays["functions"]}
     for group in ("pretrain", "adapt"):
@@ -241,6 +256,7 @@ def make_fuzzy_boolean_datasets(
     test_fraction: float = 0.2,
     seed: int = 0,
     torch_format: bool = True,
+    adapt_seed: int | None = None,
 ) -> dict[str, Any]:
     """Build the pre-training and adaptation multi-task regression datasets of the fuzzy Boolean experiment.
 
@@ -248,14 +264,21 @@ def make_fuzzy_boolean_datasets(
     [FuzzyBooleanFunction, ...], "adapt": [...]}}``. Each row has ``inputs`` (N float32 in [0, 1]) and ``labels``
     (one float32 per function of the group, in the order of ``functions[group]``). The functions of a group share
     their ``points_per_function`` input points (see the module docstring). With ``torch_format`` the datasets are
-    returned ``with_format("torch")``.
+    returned ``with_format("torch")``. With ``adapt_seed`` the adaptation functions and points are drawn from
+    that seed instead, and the pre-training data stay those of ``seed``.
     """
     import datasets
     import pyarrow as pa
 
     list_feature = getattr(datasets, "List", None) or datasets.Sequence
     arrays = _generate_arrays(
-        num_pretrain_functions, num_adapt_functions, num_variables, points_per_function, test_fraction, seed
+        num_pretrain_functions,
+        num_adapt_functions,
+        num_variables,
+        points_per_function,
+        test_fraction,
+        seed,
+        adapt_seed,
     )
     out: dict[str, Any] = {"functions": arrays["functions"]}
     for group in ("pretrain", "adapt"):
