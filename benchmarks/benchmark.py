@@ -397,9 +397,13 @@ def restore_weights(variant: Variant) -> None:
         param.copy_(saved)
 
 
+CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+"""torch.compile modes that record CUDA graphs (on a CUDA device)."""
+
+
 def uses_cuda_graphs(args: argparse.Namespace) -> bool:
     """Whether the compile mode records CUDA graphs (on a CUDA device)."""
-    return bool(args.compile) and args.compile_mode in ("reduce-overhead", "max-autotune")
+    return bool(args.compile) and args.compile_mode in CUDA_GRAPH_COMPILE_MODES
 
 
 def _mark_cudagraph_step(args: argparse.Namespace) -> None:
@@ -929,7 +933,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         + (
             "; not measured under CUDA graphs, which allocate their pool while recording"
             if cfg["compile"]
-            and cfg["compile_mode"] in ("reduce-overhead", "max-autotune")
+            and cfg["compile_mode"] in CUDA_GRAPH_COMPILE_MODES
             and cfg["device"].startswith("cuda")
             else ""
         )
