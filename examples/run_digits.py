@@ -28,12 +28,9 @@ batch size 128 (per device), 100 epochs. Everything in ``output_dir`` is what a 
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
 import math
 import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -55,6 +52,7 @@ from ni_hf import (
 )
 from ni_hf.augmentation import TIMM_RANDAUGMENT_POLICY, BatchRandAugment
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS
+from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
 from ni_hf.digits_data import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
@@ -324,40 +322,9 @@ class DigitsTrainingArguments(TrainingArguments):
 # --------------------------------------------------------------------------------------------------------
 
 
-def _parse_value(text: str) -> Any:
-    """Parse one override value: JSON (numbers, true/false, null, lists), Python literals, else a string."""
-    text = text.strip()
-    python_literals = {"True": True, "False": False, "None": None}
-    if text in python_literals:
-        return python_literals[text]
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
-    """Turn ``"key=value,key2=[1,2]"`` into a dict, checking every key is a NeuralInterpreterConfig argument."""
-    if not overrides or not overrides.strip():
-        return {}
-    valid = {
-        name
-        for name, parameter in inspect.signature(NeuralInterpreterConfig.__init__).parameters.items()
-        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
-    }
-    result: dict[str, Any] = {}
-    for item in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", overrides.strip()):
-        if "=" not in item:
-            raise ValueError(f"--config_overrides: expected key=value, got {item!r} in {overrides!r}.")
-        key, value = (part.strip() for part in item.split("=", 1))
-        if key in DATA_DEFINED_CONFIG_KEYS:
-            raise ValueError(f"--config_overrides: {key} is set from the data (use --task_names).")
-        if key not in valid:
-            raise ValueError(
-                f"--config_overrides: unknown setting {key!r}; NeuralInterpreterConfig accepts {sorted(valid)}."
-            )
-        result[key] = _parse_value(value)
-    return result
+    """--config_overrides as a dict; the data-defined settings (task names, labels) cannot be overridden."""
+    return _parse_config_overrides(overrides, reserved=DATA_DEFINED_CONFIG_KEYS)
 
 
 def build_config(model_args: ModelArguments, task_names: list[str]) -> NeuralInterpreterConfig:

@@ -199,7 +199,7 @@ def test_config_overrides_are_parsed_checked_and_applied():
     }
     with pytest.raises(ValueError, match="unknown setting 'num_funtions'"):
         run_digits.parse_config_overrides("num_funtions=6")
-    with pytest.raises(ValueError, match="set from the data"):
+    with pytest.raises(ValueError, match="set by the script"):
         run_digits.parse_config_overrides("task_names=['a']")
     model_args = run_digits.ModelArguments(config_overrides="num_functions=6,hidden_size=64", hidden_size=32)
     config = run_digits.build_config(model_args, ["mnist", "svhn"])

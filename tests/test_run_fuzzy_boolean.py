@@ -269,3 +269,45 @@ def test_resume_point(script: ModuleType, tmp_path: Path) -> None:
     )
     with pytest.raises(FileNotFoundError, match="checkpoint-7"):
         script.pretraining_resume_point(str(tmp_path / "checkpoint-7"), tmp_path)
+
+
+def test_config_overrides_change_the_pretrained_model_and_are_recorded(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """--config_overrides reaches the saved config and the results; data-defined keys and misuse are refused."""
+    common = ["--protocol", "quick", "--settings", "none", "--overhead_steps", "0", "--disable_tqdm", "true"]
+    threads = torch.get_num_threads()
+    try:
+        results = script.main(
+            [
+                *common,
+                "--config_overrides",
+                "outer_residual=true,truncation_tau=1.8",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+        with pytest.raises(ValueError, match="num_input_variables is set by the script"):
+            script.main(
+                [*common, "--config_overrides", "num_input_variables=3", "--output_dir", str(tmp_path / "x")]
+            )
+        with pytest.raises(ValueError, match="drop one of the two"):
+            script.main(
+                [
+                    *common,
+                    "--pretrained_model",
+                    str(tmp_path / "pretrain"),
+                    "--config_overrides",
+                    "outer_residual=true",
+                    "--output_dir",
+                    str(tmp_path / "y"),
+                ]
+            )
+    finally:
+        torch.set_num_threads(threads)
+    config = NeuralInterpreterConfig.from_pretrained(str(tmp_path / "pretrain"))
+    assert (config.outer_residual, config.truncation_tau) == (True, 1.8)
+    assert NeuralInterpreterConfig.from_paper("fuzzy_boolean").outer_residual is False
+    assert results["arguments"]["config_overrides"] == "outer_residual=true,truncation_tau=1.8"
+    table = (tmp_path / script.RESULTS_MD).read_text()
+    assert "changed by `outer_residual=true,truncation_tau=1.8` (a deviation from the paper)" in table

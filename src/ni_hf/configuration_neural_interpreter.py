@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+import json
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -294,3 +298,45 @@ def vit_baseline_config(**overrides: Any):
 
 
 __all__ = ["NeuralInterpreterConfig", "PAPER_PRESETS", "vit_baseline_config"]
+
+
+def _parse_override_value(text: str) -> Any:
+    """One override value: JSON (numbers, true/false, null, lists), Python's True/False/None, else a string."""
+    text = text.strip()
+    python_literals = {"True": True, "False": False, "None": None}
+    if text in python_literals:
+        return python_literals[text]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_config_overrides(
+    overrides: str | None, reserved: Iterable[str] = (), option: str = "--config_overrides"
+) -> dict[str, Any]:
+    """Turn ``"key=value,key2=[1,2]"`` into a dict, checking every key is a NeuralInterpreterConfig argument.
+
+    ``reserved`` names arguments the caller sets itself (from the data, say): overriding one is an error.
+    """
+    if not overrides or not overrides.strip():
+        return {}
+    valid = {
+        name
+        for name, parameter in inspect.signature(NeuralInterpreterConfig.__init__).parameters.items()
+        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    reserved = set(reserved)
+    result: dict[str, Any] = {}
+    for item in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", overrides.strip()):
+        if "=" not in item:
+            raise ValueError(f"{option}: expected key=value, got {item!r} in {overrides!r}.")
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key in reserved:
+            raise ValueError(f"{option}: {key} is set by the script from its data and cannot be overridden.")
+        if key not in valid:
+            raise ValueError(
+                f"{option}: unknown setting {key!r}; NeuralInterpreterConfig accepts {sorted(valid)}."
+            )
+        result[key] = _parse_override_value(value)
+    return result
