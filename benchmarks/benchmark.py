@@ -47,6 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import ni_hf
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
+from ni_hf.cpu_allocator import keep_freed_memory
 from ni_hf.modeling_neural_interpreter import patchify, release_workspace
 
 MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit")
@@ -184,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--append-results",
         default=None,
         help="Append the Markdown report to this file (e.g. benchmarks/RESULTS.md).",
+    )
+    p.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="Before anything runs, tell glibc to keep freed memory for reuse (ni_hf.cpu_allocator), as the example "
+        "scripts do on a CPU; it applies to every model of the run (and to the memory subprocesses).",
     )
     p.add_argument("--quiet", action="store_true", help="No progress messages on stderr.")
     # Internal: one peak-memory measurement in this (fresh) process; prints one JSON line.
@@ -630,6 +637,8 @@ def _child_args(args: argparse.Namespace, key: str, mode: str, checkpointing: bo
         argv += ["--threads", str(args.threads)]
     if args.compile:
         argv += ["--compile-mode", args.compile_mode]
+    if args.keep_freed_memory:
+        argv.append("--keep-freed-memory")
     if checkpointing:
         argv.append("--gradient-checkpointing")
     return argv
@@ -852,6 +861,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "flop_batch": args.flop_batch,
         "training_flops_factor": TRAINING_FLOPS_FACTOR,
         "weights_restored_before_each_repeat": True,
+        "keep_freed_memory": getattr(args, "kept_freed_memory", False),
     }
 
 
@@ -925,7 +935,12 @@ def markdown_report(report: dict[str, Any]) -> str:
         "models alternated within each repeat; images/s as median [min–max]; training = forward + backward + "
         f"{cfg['optimizer']} step; weights restored before each repeat."
         + (f" torch.compile mode `{cfg['compile_mode']}`." if cfg["compile"] else "")
-        + (" Activation checkpointing on." if cfg["gradient_checkpointing"] else ""),
+        + (" Activation checkpointing on." if cfg["gradient_checkpointing"] else "")
+        + (
+            " glibc kept freed memory for reuse (`--keep-freed-memory`), for every model."
+            if cfg.get("keep_freed_memory")
+            else ""
+        ),
         f"- FLOPs: FlopCounterMode, eager attention, batch {cfg['flop_batch']}; training GFLOP/s counts "
         f"{cfg['training_flops_factor']:g}x forward FLOPs. Peak memory: {cfg['memory']} "
         "(one full-batch step after a warm-up step; CPU: peak RSS growth over the RSS before the step; "
@@ -1142,6 +1157,7 @@ def memory_child(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """Run the benchmark, print the Markdown report, write JSON / append Markdown as asked."""
     args = parse_args(argv)
+    args.kept_freed_memory = keep_freed_memory() if args.keep_freed_memory else False
     if args._measure_memory is not None:
         memory_child(args)
         return None

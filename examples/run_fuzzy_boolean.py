@@ -75,6 +75,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.configuration_neural_interpreter import parse_config_overrides
+from ni_hf.cpu_allocator import keep_freed_memory
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 
 logger = logging.getLogger("run_fuzzy_boolean")
@@ -230,6 +231,15 @@ class FuzzyBooleanArguments:
         metadata={
             "help": "Steps of the bare forward+backward+step loop timed against the Trainer loop (0: skip); "
             "default: protocol's."
+        },
+    )
+    keep_freed_memory: bool = field(
+        default=True,
+        metadata={
+            "help": "On a CPU with glibc: keep freed memory in the process for reuse (ni_hf.cpu_allocator) instead of "
+            "returning it to the OS and faulting it in again at every step; the digits preset's training step at "
+            "batch 128 ran about 12% faster (benchmarks/RESULTS.md). The process then holds its peak memory. No "
+            "effect on GPU runs."
         },
     )
     num_threads: int = field(
@@ -684,6 +694,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     )
     if exp.num_threads > 0:
         torch.set_num_threads(exp.num_threads)
+    if exp.keep_freed_memory and base_args.device.type == "cpu":
+        keep_freed_memory()
     sizes = exp.resolved()
     if exp.pretrained_model and exp.config_overrides:
         raise ValueError(

@@ -245,6 +245,15 @@ def test_helpers(bench: ModuleType) -> None:
     assert bench.throughput_stats([], 8) is None
 
 
+def test_keep_freed_memory_reaches_the_memory_subprocess_and_the_report(bench: ModuleType) -> None:
+    """--keep-freed-memory is passed on to the memory subprocesses and stated in the report's settings."""
+    args = bench.parse_args(["--keep-freed-memory"])
+    assert "--keep-freed-memory" in bench._child_args(args, "ni-sdpa", "training", False)
+    assert "--keep-freed-memory" not in bench._child_args(bench.parse_args([]), "ni-sdpa", "training", False)
+    args.kept_freed_memory = True
+    assert bench.settings(args)["keep_freed_memory"] is True
+
+
 def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(bench: ModuleType) -> None:
     """Under CUDA graphs the pool is allocated while recording, so one replayed step's growth is not a peak."""
     assert bench.uses_cuda_graphs(bench.parse_args(["--cuda-graphs"]))
