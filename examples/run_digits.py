@@ -277,12 +277,13 @@ class DigitsTrainingArguments(TrainingArguments):
         },
     )
     keep_freed_memory: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "On a CPU with glibc: keep freed memory in the process for reuse (ni_hf.cpu_allocator) instead of "
-            "returning it to the OS and faulting it in again at every step; the digits preset's training step at "
-            "batch 128 ran about 12% faster (benchmarks/RESULTS.md). The process then holds its peak memory. No "
-            "effect on GPU runs."
+            "returning it to the OS and faulting it in again at every step. It removed the page faults of a bare "
+            "digits-preset training loop (9-12% less CPU time per step), but no wall-time gain could be measured "
+            "in this script on a shared 2-core machine (benchmarks/RESULTS.md). The process then holds its peak "
+            "memory. No effect on GPU runs."
         },
     )
     learning_rate: float = field(default=8e-4, metadata={"help": "Peak learning rate (paper: 8e-4)."})

@@ -3,13 +3,15 @@
 glibc's malloc serves allocations above a threshold (at most 32 MiB) with fresh `mmap`s and returns freed memory
 at the top of the heap to the kernel. A Neural Interpreter's training step allocates and frees about a gigabyte
 of such tensors (the (U, B, N, d) streams of every function iteration, the attention's columns), and the kernel
-then maps and zeroes those pages again at every step: 10-12% of a digits-preset step at batch 128 on CPU in our
-measurements (benchmarks/RESULTS.md), while the paper's ViT baseline, with smaller tensors, has no such faults.
+can then map and zero those pages again at every step. In a bare training loop of the digits preset at batch 128
+on CPU that was 277,000 page faults and 10% of the step's CPU time, against none for the paper's ViT baseline;
+how much of it a process sees depends on what it allocated before (benchmarks/RESULTS.md).
 
 `keep_freed_memory()` tells glibc to serve every allocation from the heap and never to shrink it, as
 `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1` would at start-up. It acts on the whole process, and the process
 then holds on to its peak memory until it exits (as PyTorch's CUDA caching allocator does on a GPU). This module is
-not imported by the model code; the example scripts call it when they train on a CPU.
+not imported by the model code; the example scripts call it with `--keep_freed_memory true`, the benchmark with
+`--keep-freed-memory`.
 """
 
 from __future__ import annotations
