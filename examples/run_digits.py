@@ -53,7 +53,7 @@ from ni_hf import (
 from ni_hf.augmentation import TIMM_RANDAUGMENT_POLICY, BatchRandAugment
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS
 from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
-from ni_hf.cpu_allocator import keep_freed_memory
+from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.digits_data import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
@@ -276,16 +276,7 @@ class DigitsTrainingArguments(TrainingArguments):
             "--adam_beta2, --adam_epsilon, --weight_decay). --radam false uses the optimizer named by --optim."
         },
     )
-    keep_freed_memory: bool = field(
-        default=False,
-        metadata={
-            "help": "On a CPU with glibc: keep freed memory in the process for reuse (ni_hf.cpu_allocator) instead of "
-            "returning it to the OS and faulting it in again at every step. It removed the page faults of a bare "
-            "digits-preset training loop (9-12% less CPU time per step), but no wall-time gain could be measured "
-            "in this script on a shared 2-core machine (benchmarks/RESULTS.md). The process then holds its peak "
-            "memory. No effect on GPU runs."
-        },
-    )
+    keep_freed_memory: bool = field(default=False, metadata={"help": KEEP_FREED_MEMORY_HELP})
     learning_rate: float = field(default=8e-4, metadata={"help": "Peak learning rate (paper: 8e-4)."})
     lr_scheduler_type: SchedulerType | str = field(
         default="cosine_with_min_lr",

@@ -75,7 +75,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.configuration_neural_interpreter import parse_config_overrides
-from ni_hf.cpu_allocator import keep_freed_memory
+from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 
 logger = logging.getLogger("run_fuzzy_boolean")
@@ -233,16 +233,7 @@ class FuzzyBooleanArguments:
             "default: protocol's."
         },
     )
-    keep_freed_memory: bool = field(
-        default=False,
-        metadata={
-            "help": "On a CPU with glibc: keep freed memory in the process for reuse (ni_hf.cpu_allocator) instead of "
-            "returning it to the OS and faulting it in again at every step. It removed the page faults of a bare "
-            "digits-preset training loop (9-12% less CPU time per step), but no wall-time gain could be measured "
-            "in this script on a shared 2-core machine (benchmarks/RESULTS.md). The process then holds its peak "
-            "memory. No effect on GPU runs."
-        },
-    )
+    keep_freed_memory: bool = field(default=False, metadata={"help": KEEP_FREED_MEMORY_HELP})
     num_threads: int = field(
         default=1,
         metadata={

@@ -26,6 +26,14 @@ logger = logging.getLogger(__name__)
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 
+# Help text of the example scripts' --keep_freed_memory option.
+KEEP_FREED_MEMORY_HELP = (
+    "On a CPU with glibc: keep freed memory in the process for reuse (ni_hf.cpu_allocator) instead of returning it "
+    "to the OS and faulting it in again at every step. It removed the page faults of a bare digits-preset training "
+    "loop (12-15%% less CPU time per step), but no wall-time gain could be measured in run_digits.py on a shared "
+    "2-core machine (benchmarks/RESULTS.md). The process then holds its peak memory. No effect on GPU runs."
+)
+
 
 def _glibc() -> ctypes.CDLL | None:
     """The process's C library if it is glibc (which has `mallopt` and `gnu_get_libc_version`), else None."""
