@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-freed-memory",
         action="store_true",
         help="Before anything runs, tell glibc to keep freed memory for reuse (ni_hf.cpu_allocator), as the example "
-        "scripts do on a CPU; it applies to every model of the run (and to the memory subprocesses).",
+        "scripts' --keep_freed_memory does; it applies to every model of the run (and to the memory subprocesses).",
     )
     p.add_argument("--quiet", action="store_true", help="No progress messages on stderr.")
     # Internal: one peak-memory measurement in this (fresh) process; prints one JSON line.

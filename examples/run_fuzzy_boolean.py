@@ -74,7 +74,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     import ni_hf  # noqa: F401
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
-from ni_hf.configuration_neural_interpreter import parse_config_overrides
+from ni_hf.configuration_neural_interpreter import config_argument_names, parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 
@@ -598,6 +598,17 @@ def _fmt(mean: float | None, std: float | None) -> str:
     return f"{mean:.4f} ± {std:.4f}"
 
 
+def changes_to_preset(config: NeuralInterpreterConfig) -> dict[str, Any]:
+    """The settings in which a (loaded or new) model's config differs from the paper's fuzzy_boolean preset."""
+    preset = NeuralInterpreterConfig.from_paper("fuzzy_boolean", task_names=config.task_names)
+    names = config_argument_names() - set(DATA_DEFINED_CONFIG_KEYS)
+    return {
+        name: getattr(config, name)
+        for name in sorted(names)
+        if getattr(config, name) != getattr(preset, name)
+    }
+
+
 def results_markdown(results: dict[str, Any]) -> str:
     """The results as a Markdown table beside the paper's Table 1."""
     sizes = results["protocol"]
@@ -619,9 +630,10 @@ def results_markdown(results: dict[str, Any]) -> str:
         "| Parameter set | R^2 (this run) | R^2 (paper) |",
         "|---|---|---|",
     ]
-    overrides = results.get("arguments", {}).get("config_overrides")
-    if overrides:
-        lines[4:4] = [f"Model: the paper's preset changed by `{overrides}` (a deviation from the paper).", ""]
+    changes = results.get("model_changes")
+    if changes:
+        text = ",".join(f"{key}={json.dumps(value)}" for key, value in changes.items())
+        lines[4:4] = [f"Model: the paper's preset changed by `{text}` (a deviation from the paper).", ""]
     lines.append(
         f"| All parameters (pre-training, {pre['num_functions']} functions) | "
         f"{_fmt(pre.get('r2_mean'), pre.get('r2_std'))} | {_fmt(*PAPER_PRETRAINING_R2)} |"
@@ -841,6 +853,9 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             timing["trainer_step"].get("median_s", float("nan")),
             pretrain_dir,
         )
+    results["model_changes"] = changes_to_preset(model.config)
+    if results["model_changes"]:
+        logger.info("The model differs from the paper's fuzzy_boolean preset in %s", results["model_changes"])
     pre_r2 = evaluate_r2(trainer, datasets["pretrain"]["test"])
     results["pretraining"] = {
         **pretrain_info,

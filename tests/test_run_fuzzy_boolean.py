@@ -309,5 +309,25 @@ def test_config_overrides_change_the_pretrained_model_and_are_recorded(
     assert (config.outer_residual, config.truncation_tau) == (True, 1.8)
     assert NeuralInterpreterConfig.from_paper("fuzzy_boolean").outer_residual is False
     assert results["arguments"]["config_overrides"] == "outer_residual=true,truncation_tau=1.8"
+    assert results["model_changes"] == {"outer_residual": True, "truncation_tau": 1.8}
     table = (tmp_path / script.RESULTS_MD).read_text()
     assert "changed by `outer_residual=true,truncation_tau=1.8` (a deviation from the paper)" in table
+    # An adaptation-only run from that checkpoint says so too, though it was given no override.
+    threads = torch.get_num_threads()
+    try:
+        adapted = script.main(
+            [
+                *common[:2],
+                "--settings",
+                "cls_tokens",
+                *common[4:],
+                "--pretrained_model",
+                str(tmp_path / "pretrain"),
+                "--output_dir",
+                str(tmp_path / "adapt"),
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert adapted["model_changes"] == {"outer_residual": True, "truncation_tau": 1.8}
+    assert "changed by `outer_residual=true" in (tmp_path / "adapt" / script.RESULTS_MD).read_text()

@@ -312,6 +312,15 @@ def _parse_override_value(text: str) -> Any:
         return text
 
 
+def config_argument_names() -> set[str]:
+    """The names of NeuralInterpreterConfig's own arguments (not those of PretrainedConfig's **kwargs)."""
+    return {
+        name
+        for name, parameter in inspect.signature(NeuralInterpreterConfig.__init__).parameters.items()
+        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+
+
 def parse_config_overrides(
     overrides: str | None, reserved: Iterable[str] = (), option: str = "--config_overrides"
 ) -> dict[str, Any]:
@@ -321,11 +330,7 @@ def parse_config_overrides(
     """
     if not overrides or not overrides.strip():
         return {}
-    valid = {
-        name
-        for name, parameter in inspect.signature(NeuralInterpreterConfig.__init__).parameters.items()
-        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
-    }
+    valid = config_argument_names()
     reserved = set(reserved)
     result: dict[str, Any] = {}
     for item in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", overrides.strip()):
