@@ -120,9 +120,9 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
 }
 
 RESULTS_JSON = "fuzzy_boolean_results.json"
+RESULTS_MD = "fuzzy_boolean_results.md"
 # Config arguments the script sets from the data: --config_overrides cannot change them.
 DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "num_input_variables")
-RESULTS_MD = "fuzzy_boolean_results.md"
 
 
 @dataclass
@@ -787,10 +787,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         model = NeuralInterpreterForSetRegression(config)
         num_params = sum(p.numel() for p in model.parameters())
         logger.info(
-            "Model: %d parameters (fuzzy_boolean preset, %d CLS tokens; changes to the preset: %s)",
-            num_params,
-            len(pretrain_names),
-            overrides or "none",
+            "Model: %d parameters (fuzzy_boolean preset, %d CLS tokens)", num_params, len(pretrain_names)
         )
         trainer, timer = make_trainer(
             model,

@@ -4,7 +4,7 @@ glibc's malloc serves allocations above a threshold (at most 32 MiB) with fresh 
 at the top of the heap to the kernel. A Neural Interpreter's training step allocates and frees about a gigabyte
 of such tensors (the (U, B, N, d) streams of every function iteration, the attention's columns), and the kernel
 can then map and zero those pages again at every step. In a bare training loop of the digits preset at batch 128
-on CPU that was 277,000 page faults and 10% of the step's CPU time, against none for the paper's ViT baseline;
+on CPU that was 272,150 page faults and 14% of the step's CPU time, against none for the paper's ViT baseline;
 how much of it a process sees depends on what it allocated before (benchmarks/RESULTS.md).
 
 `keep_freed_memory()` tells glibc to serve every allocation from the heap and never to shrink it, as
