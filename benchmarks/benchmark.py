@@ -48,6 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import ni_hf
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
 from ni_hf.cpu_allocator import keep_freed_memory
+from ni_hf.evaluation import routing_density as evaluation_routing_density
 from ni_hf.modeling_neural_interpreter import patchify, release_workspace
 
 MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit")
@@ -724,37 +725,17 @@ def random_pixel_values(
     return patchify(images, config.patch_size), f"random patches: {num_samples} uniform [-1, 1] images"
 
 
-@torch.no_grad()
 def routing_density(
     model: NeuralInterpreterForImageClassification, pixel_values: torch.Tensor, batch_size: int
 ) -> dict[str, Any]:
-    """Fraction of (function, token) pairs with C > 0 in each function iteration, over all images.
-
-    Returns per-iteration densities, their mean, the per-function mean (over iterations) and the mean
-    number of functions a token is routed to (U x density).
-    """
-    model.eval()
-    device = next(model.parameters()).device
-    positive: torch.Tensor | None = None  # (iterations, U) counts of C > 0
-    pairs_per_function = 0
-    for start in range(0, pixel_values.shape[0], batch_size):
-        chunk = pixel_values[start : start + batch_size].to(device)
-        compat = model(pixel_values=chunk, output_routing=True).compatibilities  # tuple of (B, U, N)
-        counts = torch.stack([(c > 0).sum(dim=(0, 2)).double().cpu() for c in compat])
-        positive = counts if positive is None else positive + counts
-        pairs_per_function += compat[0].shape[0] * compat[0].shape[2]
-    assert positive is not None
-    per_iteration_function = positive / pairs_per_function  # (iterations, U)
-    per_iteration = per_iteration_function.mean(dim=1)
-    num_functions = per_iteration_function.shape[1]
-    return {
-        "per_iteration": per_iteration.tolist(),
-        "mean": per_iteration.mean().item(),
-        "per_function_mean": per_iteration_function.mean(dim=0).tolist(),
-        "functions_per_token_mean": num_functions * per_iteration.mean().item(),
-        "num_functions": num_functions,
-        "num_images": int(pixel_values.shape[0]),
-    }
+    """Routing density (`ni_hf.evaluation.routing_density`) over all images, in batches of `batch_size`."""
+    batches = (
+        {"pixel_values": pixel_values[start : start + batch_size]}
+        for start in range(0, pixel_values.shape[0], batch_size)
+    )
+    density = evaluation_routing_density(model, batches)
+    density["num_images"] = density.pop("num_samples")
+    return density
 
 
 def measure_routing_density(args: argparse.Namespace) -> dict[str, Any]:

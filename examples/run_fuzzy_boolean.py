@@ -76,6 +76,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.configuration_neural_interpreter import config_argument_names, parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
+from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 
 logger = logging.getLogger("run_fuzzy_boolean")
@@ -123,6 +124,8 @@ RESULTS_JSON = "fuzzy_boolean_results.json"
 RESULTS_MD = "fuzzy_boolean_results.md"
 # Config arguments the script sets from the data: --config_overrides cannot change them.
 DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "num_input_variables")
+DENSITY_POINTS = 4096
+"""Test points on which the results record each model's routing density (a few seconds even on a CPU)."""
 
 
 @dataclass
@@ -317,6 +320,16 @@ def batch_collator(batch: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]
     if isinstance(batch, dict):
         return batch
     return {key: torch.stack([sample[key] for sample in batch]) for key in batch[0]}
+
+
+def density_on_test_points(
+    model: torch.nn.Module, dataset: TensorBatchDataset, batch_size: int
+) -> dict[str, Any]:
+    """Routing density of ``model`` on the first ``DENSITY_POINTS`` test points (dead routing shows as 0)."""
+    inputs = dataset.inputs[:DENSITY_POINTS]
+    batches = ({"inputs": inputs[i : i + batch_size]} for i in range(0, inputs.shape[0], batch_size))
+    density = routing_density(model, batches)
+    return {key: density[key] for key in ("per_iteration", "mean", "functions_per_token_mean", "num_samples")}
 
 
 def r2_per_function(predictions: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -642,6 +655,18 @@ def results_markdown(results: dict[str, Any]) -> str:
         res = results["adaptation"].get(name)
         ours = _fmt(res["r2_mean"], res["r2_std"]) if res else "not run"
         lines.append(f"| {info['label']} | {ours} | {_fmt(*info['paper'])} |")
+    densities = [("pre-trained", pre.get("routing_density"))] + [
+        (name, res.get("routing_density")) for name, res in results["adaptation"].items()
+    ]
+    densities = [(name, d) for name, d in densities if d]
+    if densities:
+        lines += [
+            "",
+            f"Routing density (fraction of (function, token) pairs with C > 0, mean over the function iterations; "
+            f"first {densities[0][1]['num_samples']} test points): "
+            + ", ".join(f"{name} {d['mean']:.3f}" for name, d in densities)
+            + ".",
+        ]
     timing = results.get("timing", {})
     env = results["environment"]
     lines += [
@@ -854,20 +879,24 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     if results["model_changes"]:
         logger.info("The model differs from the paper's fuzzy_boolean preset in %s", results["model_changes"])
     pre_r2 = evaluate_r2(trainer, datasets["pretrain"]["test"])
+    pre_density = density_on_test_points(model, datasets["pretrain"]["test"], sizes["batch_size"])
     results["pretraining"] = {
         **pretrain_info,
         "num_functions": exp.num_pretrain_functions,
         **summarize_r2(pre_r2),
         "paper_r2_mean": PAPER_PRETRAINING_R2[0],
         "paper_r2_std": PAPER_PRETRAINING_R2[1],
+        "routing_density": pre_density,
     }
     logger.info(
-        "Pre-training R^2 over %d functions (test split): %.4f ± %.4f (min %.4f); paper %.4f ± %.4f",
+        "Pre-training R^2 over %d functions (test split): %.4f ± %.4f (min %.4f); paper %.4f ± %.4f; "
+        "routing density per function iteration %s",
         len(pre_r2),
         float(np.mean(pre_r2)),
         float(np.std(pre_r2)),
         float(np.min(pre_r2)),
         *PAPER_PRETRAINING_R2,
+        [round(d, 3) for d in pre_density["per_iteration"]],
     )
     del trainer, model
 
@@ -913,6 +942,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         train_output = trainer.train()
         trainer.save_model(adapt_args.output_dir)
         r2 = evaluate_r2(trainer, datasets["adapt"]["test"])
+        density = density_on_test_points(model, datasets["adapt"]["test"], sizes["batch_size"])
         results["adaptation"][setting] = {
             "label": ADAPTATION_SETTINGS[setting]["label"],
             "checkpoint": adapt_args.output_dir,
@@ -925,9 +955,11 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             **summarize_r2(r2),
             "paper_r2_mean": ADAPTATION_SETTINGS[setting]["paper"][0],
             "paper_r2_std": ADAPTATION_SETTINGS[setting]["paper"][1],
+            "routing_density": density,
         }
         logger.info(
-            "Adaptation %r: %d steps in %.0f s; R^2 over %d new functions: %.4f ± %.4f (min %.4f); paper %.4f ± %.4f",
+            "Adaptation %r: %d steps in %.0f s; R^2 over %d new functions: %.4f ± %.4f (min %.4f); paper %.4f ± %.4f; "
+            "routing density per function iteration %s",
             setting,
             train_output.global_step,
             train_output.metrics.get("train_runtime", float("nan")),
@@ -936,6 +968,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             float(np.std(r2)),
             float(np.min(r2)),
             *ADAPTATION_SETTINGS[setting]["paper"],
+            [round(d, 3) for d in density["per_iteration"]],
         )
         del trainer, model
 

@@ -886,3 +886,26 @@ def test_bf16_autocast_forward_and_backward_give_float32_gradients_close_to_floa
     total_norm = sum(g.norm() ** 2 for g in reference_grads.values()) ** 0.5
     assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
     assert total_error / total_norm < 0.1
+
+
+def test_routing_density_counts_the_routed_pairs(tester):
+    """`ni_hf.evaluation.routing_density`: 1 with tau near 2 (distances lie in [0, 2]), 0 with tau = 0, else the count."""
+    from ni_hf.evaluation import routing_density
+
+    inputs = tester.prepare_inputs(tester.get_config())["pixel_values"]
+    batches = [{"pixel_values": inputs[:2]}, {"pixel_values": inputs[2:]}]  # unequal batches weigh by pairs
+    for tau, expected in ((1.999, 1.0), (0.0, 0.0)):
+        model = NeuralInterpreterModel(tester.get_config(truncation_tau=tau))
+        density = routing_density(model, batches)
+        assert density["per_iteration"] == [expected] * 3 and density["mean"] == expected
+    model = NeuralInterpreterModel(tester.get_config(truncation_tau=1.0))
+    with torch.no_grad():
+        compat = model.eval()(pixel_values=inputs, output_routing=True).compatibilities
+    density = routing_density(model, batches)
+    expected = [(c > 0).float().mean().item() for c in compat]
+    assert 0 < min(expected) and max(expected) < 1  # tau 1.0 routes some pairs, not all
+    assert density["per_iteration"] == pytest.approx(expected)
+    assert density["functions_per_token_mean"] == pytest.approx(3 * sum(expected) / len(expected))  # U x mean
+    assert density["num_samples"] == tester.batch_size and density["num_functions"] == 3
+    with pytest.raises(ValueError, match="at least one batch"):
+        routing_density(model, [])

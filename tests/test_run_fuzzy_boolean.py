@@ -140,6 +140,7 @@ def test_quick_protocol_writes_results(quick_run: tuple[dict[str, Any], Path]) -
         )
         assert res["train_steps"] == 2
         assert res["r2_mean"] == pytest.approx(np.mean(res["r2_per_function"]))
+        assert len(res["routing_density"]["per_iteration"]) == 4 and 0 <= res["routing_density"]["mean"] <= 1
     assert results["adaptation"]["cls_tokens"]["paper_r2_mean"] == 0.9202
     assert (
         results["timing"]["bare_step"]["median_s"] > 0 and results["timing"]["trainer_step"]["median_s"] > 0
@@ -147,6 +148,7 @@ def test_quick_protocol_writes_results(quick_run: tuple[dict[str, Any], Path]) -
     assert returned["pretraining"]["r2_mean"] == pytest.approx(pre["r2_mean"])
     markdown = (output_dir / "fuzzy_boolean_results.md").read_text()
     assert "0.9983" in markdown and "0.9953" in markdown and "Finetuning CLS tokens" in markdown
+    assert f"pre-trained {pre['routing_density']['mean']:.3f}, cls_tokens" in markdown
 
 
 def test_pretrained_checkpoint_reloads(quick_run: tuple[dict[str, Any], Path]) -> None:
@@ -165,6 +167,12 @@ def test_pretrained_checkpoint_reloads(quick_run: tuple[dict[str, Any], Path]) -
         rtol=1e-4,
         atol=1e-6,
     )
+    # The recorded routing density is the fraction of (function, token) pairs with C > 0 on the test points.
+    with torch.no_grad():
+        compat = model(inputs=x[: script.DENSITY_POINTS], output_routing=True).compatibilities
+    density = results["pretraining"]["routing_density"]
+    assert density["num_samples"] == min(len(x), script.DENSITY_POINTS)
+    np.testing.assert_allclose(density["per_iteration"], [(c > 0).float().mean().item() for c in compat])
 
 
 def test_adaptation_freezing(quick_run: tuple[dict[str, Any], Path]) -> None:

@@ -18,11 +18,12 @@ no distributed logic of its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 MULTITASK_ACCURACY_DIR = METRICS_DIR / "multitask_accuracy"
@@ -103,3 +104,42 @@ def make_compute_metrics(task_names: Sequence[str] | None = None) -> Callable[[A
         return compute_multitask_accuracy(predictions, labels, task_ids, names)
 
     return compute_metrics
+
+
+@torch.no_grad()
+def routing_density(model: torch.nn.Module, batches: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, Any]:
+    """Fraction of (function, token) pairs with C > 0 (Eq. 5) in each function iteration, over all batches.
+
+    ``batches`` are keyword inputs of ``model`` (``{"pixel_values": ...}``, ``{"inputs": ...}``); the model is
+    called with ``output_routing=True`` in eval mode (and left in eval mode). Returns the density per function
+    iteration (``per_iteration``), its ``mean``, the mean per function over iterations (``per_function_mean``),
+    the mean number of functions a token is routed to (``functions_per_token_mean`` = U x mean),
+    ``num_functions`` and ``num_samples``. SPEC.md ("Cost") explains why a truncated pair's work could be skipped.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    positive: torch.Tensor | None = None  # (iterations, U) counts of C > 0
+    pairs_per_function = 0
+    num_samples = 0
+    for batch in batches:
+        inputs = {name: value.to(device) for name, value in batch.items()}
+        compatibilities = model(**inputs, output_routing=True).compatibilities  # tuple of (B, U, N)
+        if not compatibilities:
+            raise ValueError("The model returned no compatibilities; is it a Neural Interpreter?")
+        counts = torch.stack([(c > 0).sum(dim=(0, 2)).double().cpu() for c in compatibilities])
+        positive = counts if positive is None else positive + counts
+        pairs_per_function += compatibilities[0].shape[0] * compatibilities[0].shape[2]
+        num_samples += compatibilities[0].shape[0]
+    if positive is None:
+        raise ValueError("routing_density needs at least one batch.")
+    per_iteration_function = positive / pairs_per_function  # (iterations, U)
+    per_iteration = per_iteration_function.mean(dim=1)
+    num_functions = per_iteration_function.shape[1]
+    return {
+        "per_iteration": per_iteration.tolist(),
+        "mean": per_iteration.mean().item(),
+        "per_function_mean": per_iteration_function.mean(dim=0).tolist(),
+        "functions_per_token_mean": num_functions * per_iteration.mean().item(),
+        "num_functions": num_functions,
+        "num_samples": num_samples,
+    }
