@@ -238,10 +238,11 @@ class FuzzyBooleanArguments:
     )
     keep_freed_memory: bool = field(default=False, metadata={"help": KEEP_FREED_MEMORY_HELP})
     num_threads: int = field(
-        default=1,
+        default=0,
         metadata={
-            "help": "torch.set_num_threads (0: leave PyTorch's default of one thread per core). On a shared 2-core "
-            "machine one thread measured 2-4x faster per step than two under load (see the Fuzzy Boolean section of examples/README.md)."
+            "help": "torch.set_num_threads; 0 leaves PyTorch's default of one thread per core. On an idle 2-core "
+            "machine two threads were 1.7x faster per step than one; where other jobs share the cores, one thread "
+            "was 2-4x faster than two (see the Fuzzy Boolean section of examples/README.md)."
         },
     )
 
