@@ -137,8 +137,8 @@ class FuzzyBooleanArguments:
         metadata={
             "help": (
                 "full: the paper's protocol (163840 points per function, 80/20 split, batch 128, 20 pre-training "
-                "epochs (20480 steps), 3 adaptation epochs (3072 steps) per setting; estimated 3.5-6.5 h on 2 "
-                "shared CPU cores). "
+                "epochs (20480 steps), 3 adaptation epochs (3072 steps) per setting; 1 h 56 min measured on 2 idle "
+                "CPU cores with two threads, estimated 3.5-6.5 h on 2 shared cores). "
                 "reduced: the paper's epochs on 1/10 of its points: 16384 points per function (13107 train / "
                 "3277 test), batch 128, 20 pre-training epochs (2060 steps), 3 adaptation epochs (309 steps) per "
                 "setting; estimated 22-40 min on 2 shared CPU cores with one torch thread. "
