@@ -909,3 +909,19 @@ def test_routing_density_counts_the_routed_pairs(tester):
     assert density["num_samples"] == tester.batch_size and density["num_functions"] == 3
     with pytest.raises(ValueError, match="at least one batch"):
         routing_density(model, [])
+
+
+def test_routing_density_restores_the_callers_training_mode(tester):
+    """`routing_density` counts in eval mode, then hands the model back in the mode it came in (even on error)."""
+    from ni_hf.evaluation import routing_density
+
+    inputs = tester.prepare_inputs(tester.get_config())["pixel_values"]
+    model = NeuralInterpreterModel(tester.get_config())
+    for training in (True, False):
+        model.train(training)
+        routing_density(model, [{"pixel_values": inputs}])
+        assert model.training is training and all(m.training is training for m in model.modules())
+    model.train()
+    with pytest.raises(ValueError, match="at least one batch"):
+        routing_density(model, [])
+    assert model.training
