@@ -144,7 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Measure training with and without checkpointing; report memory reduction %% and slowdown %%.",
     )
-    p.add_argument("--compile", action="store_true", help="torch.compile the models (meant for GPUs).")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the models (for GPUs; on CPU it slowed our model, see RESULTS.md).",
+    )
     p.add_argument(
         "--compile-mode",
         default=None,
