@@ -111,10 +111,11 @@ def routing_density(model: torch.nn.Module, batches: Iterable[Mapping[str, torch
     """Fraction of (function, token) pairs with C > 0 (Eq. 5) in each function iteration, over all batches.
 
     ``batches`` are keyword inputs of ``model`` (``{"pixel_values": ...}``, ``{"inputs": ...}``); the model is
-    called with ``output_routing=True`` in eval mode, and its training mode is restored afterwards. Returns the density per function
-    iteration (``per_iteration``), its ``mean``, the mean per function over iterations (``per_function_mean``),
-    the mean number of functions a token is routed to (``functions_per_token_mean`` = U x mean),
-    ``num_functions`` and ``num_samples``. SPEC.md ("Cost") explains why a truncated pair's work could be skipped.
+    called with ``output_routing=True`` in eval mode, and its training mode is restored afterwards. Returns the
+    density per function iteration (``per_iteration``), its ``mean``, the mean per function over iterations
+    (``per_function_mean``), the mean number of functions a token is routed to (``functions_per_token_mean`` =
+    U x mean), ``num_functions`` and ``num_samples``. SPEC.md ("Cost") explains why a truncated pair's work could
+    be skipped.
     """
     was_training = model.training
     model.eval()
