@@ -263,3 +263,26 @@ def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(
     args = bench.parse_args(["--cuda-graphs", "--memory", "inprocess"])
     args.device = torch.device("cuda")  # nothing runs on it: the reading is refused before any model is built
     assert bench.measure_memory("ni-sdpa", "training", False, args) is None
+
+
+def test_thread_profile_reports_the_step_operators_per_thread_count(capsys: pytest.CaptureFixture) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "ni_profile_threads", REPO / "benchmarks" / "profile_threads.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads_before = torch.get_num_threads()
+    try:
+        per_threads = module.main(["--batch-size", "2", "--threads", "1", "2", "--top", "5"])
+        with pytest.raises(SystemExit):
+            module.main(["--threads", "1", "1"])
+    finally:
+        torch.set_num_threads(threads_before)
+    assert set(per_threads) == {1, 2}
+    assert all(per_threads[t]["aten::mm"] > 0 and per_threads[t]["aten::bmm"] > 0 for t in (1, 2))
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert lines[0].startswith("1 thread(s): step ") and lines[1].startswith("2 thread(s): step ")
+    assert len(lines) == 2 + 1 + 5  # one line per thread count, a header, the top five operators
+    assert all(float(line.split()[-1]) > 0 for line in lines[3:])  # each operator's speed-up over 1 thread
+    assert "distinct positive thread counts" in out.err
