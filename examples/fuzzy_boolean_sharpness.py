@@ -76,7 +76,9 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer, model: torch.nn.Module
     """P = sqrt(v / (1 - beta2^t)) + eps of every parameter the optimizer has moved (float64), by name.
 
     Parameters without optimizer state (never given a gradient, such as the unused patch embedding) are left out:
-    the optimizer does not move them, so they take no part in its stability.
+    the optimizer does not move them, so they take no part in its stability. (torch's RAdam divides by
+    (sqrt(v) + eps) / sqrt(1 - beta2^t), i.e. adds eps / sqrt(1 - beta2^t) instead of eps: at most 3e-8 from step 128
+    on, far below the sqrt(v_hat) of the trained weights.)
     """
     group = optimizer.param_groups[0]
     beta2, eps = group["betas"][1], group["eps"]
