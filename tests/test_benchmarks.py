@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
+from _scripts import load_script
 from datasets import ClassLabel, Dataset, Features, Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,12 +70,7 @@ DENSITY_KEYS = {
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     """benchmarks/benchmark.py imported as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("ni_benchmark", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCHMARK, "ni_benchmark")
 
 
 @pytest.fixture(autouse=True)
@@ -266,11 +261,7 @@ def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(
 
 
 def test_thread_profile_reports_the_step_operators_per_thread_count(capsys: pytest.CaptureFixture) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "ni_profile_threads", REPO / "benchmarks" / "profile_threads.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(REPO / "benchmarks" / "profile_threads.py", "ni_profile_threads")
     threads_before = torch.get_num_threads()
     try:
         per_threads = module.main(["--batch-size", "2", "--threads", "1", "2", "--top", "5"])

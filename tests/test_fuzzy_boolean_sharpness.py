@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from _scripts import load_script
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 
@@ -21,12 +20,7 @@ SCRIPT = REPO / "examples" / "fuzzy_boolean_sharpness.py"
 
 @pytest.fixture(scope="module")
 def sharp() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzzy_boolean_sharpness", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "fuzzy_boolean_sharpness")
 
 
 class Quadratic(torch.nn.Module):

@@ -8,7 +8,6 @@ subprocesses. The real-data test needs ``<repo>/../shared/data`` and is marked s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -22,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import _scripts
 import numpy as np
 import pytest
 import torch
@@ -40,11 +40,7 @@ HUB_REPO = "me/ni-digits-test"
 
 def load_script():
     """Import examples/run_digits.py as a module (it is not part of the package)."""
-    spec = importlib.util.spec_from_file_location("run_digits", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return _scripts.load_script(SCRIPT, "run_digits")
 
 
 run_digits = load_script()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -12,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _scripts import load_script
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
@@ -22,14 +21,7 @@ SETTINGS = ("cls_tokens", "type_inference", "all")
 
 def _load_script() -> ModuleType:
     """Import the example script as a module (registered in sys.modules, as dataclasses need)."""
-    name = "run_fuzzy_boolean"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "run_fuzzy_boolean")
 
 
 @pytest.fixture(scope="module")
