@@ -8,7 +8,9 @@ P = sqrt(v_hat) + eps and momentum beta1, is stable on a quadratic only while th
 as `run_fuzzy_boolean.py` does (same data, fresh CLS tokens, trainable set, RAdam; a plain loop with its own
 shuffling, so not step-for-step the Trainer's run) and, every `--measure_every` steps, estimates that eigenvalue by
 power iteration on P^-1/2 H P^-1/2, with Hessian-vector products from central differences of gradients on a
-fixed probe batch of training points (float32 by default). It logs the eigenvalue beside the bound, and the training loss.
+fixed probe batch of training points (float32 by default). It logs the eigenvalue beside the bound, the training loss,
+the kernel bandwidths sigma, and how the top direction's squared length splits over the parameter tensors (which
+parameters the sharpest direction moves).
 
     python examples/fuzzy_boolean_sharpness.py --pretrained_model runs/redraw/pre5120/pretrain \
         --learning_rate 5e-2 --max_steps 1024 --output_json runs/sharpness/pre5120_lr5e-2.json
@@ -66,6 +68,12 @@ class SharpnessArguments:
     setting: str = field(
         default="all", metadata={"help": "Adaptation setting: cls_tokens, type_inference, all."}
     )
+    adapt_frozen: str | None = field(
+        default=None,
+        metadata={
+            "help": "Regular expression of parameters kept frozen (as run_fuzzy_boolean.py --adapt_frozen)."
+        },
+    )
     num_threads: int | None = field(
         default=None, metadata={"help": "torch.set_num_threads (default: torch's)."}
     )
@@ -100,7 +108,7 @@ def radam_rectification(step: int, beta2: float) -> float:
     return math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
 
 
-def preconditioned_sharpness(
+def preconditioned_top_eigenpair(
     model: torch.nn.Module,
     precond: dict[str, torch.Tensor],
     inputs: torch.Tensor,
@@ -108,12 +116,12 @@ def preconditioned_sharpness(
     iterations: int,
     generator: torch.Generator,
     dtype: torch.dtype = torch.float32,
-) -> float:
-    """Largest eigenvalue of P^-1/2 H P^-1/2 (= of P^-1 H) of the mean loss on (inputs, labels), by power iteration.
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """Largest eigenvalue of P^-1/2 H P^-1/2 (= of P^-1 H) and its unit eigenvector, by power iteration.
 
-    H is the Hessian of the loss in the parameters named in ``precond``; ``model(inputs=..., labels=...).loss`` is the
-    loss. The model is copied to ``dtype``; each Hessian-vector product is a central difference of two gradients, over a
-    parameter step of length 1e-3.
+    H is the Hessian of the mean loss ``model(inputs=..., labels=...).loss`` in the parameters named in ``precond``.
+    The model is copied to ``dtype``; each Hessian-vector product is a central difference of two gradients, over a
+    parameter step of length 1e-3. The eigenvector is in the preconditioned coordinates P^1/2 theta, by name.
     """
     probe = copy.deepcopy(model).to(dtype).eval()
     named = dict(probe.named_parameters())
@@ -142,7 +150,27 @@ def preconditioned_sharpness(
         eigenvalue = sum(float((a * b).sum()) for a, b in zip(v, mv, strict=True))
         norm = math.sqrt(sum(float((a * a).sum()) for a in mv))
         v = [a / norm for a in mv]
-    return eigenvalue
+    return eigenvalue, dict(zip(precond, v, strict=True))
+
+
+def preconditioned_sharpness(
+    model: torch.nn.Module,
+    precond: dict[str, torch.Tensor],
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    iterations: int,
+    generator: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+) -> float:
+    """Largest eigenvalue of P^-1/2 H P^-1/2 (= of P^-1 H) of the mean loss on (inputs, labels), by power iteration."""
+    return preconditioned_top_eigenpair(model, precond, inputs, labels, iterations, generator, dtype)[0]
+
+
+def eigenvector_shares(vector: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Share of a direction's squared length in each parameter tensor, largest first (the shares sum to 1)."""
+    mass = {name: float((v.double() ** 2).sum()) for name, v in vector.items()}
+    total = sum(mass.values()) or 1.0
+    return dict(sorted(((n, m / total) for n, m in mass.items()), key=lambda item: -item[1]))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -155,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = NeuralInterpreterForSetRegression.from_pretrained(args.pretrained_model)
     torch.manual_seed(args.seed + 1)
     model.neural_interpreter.reset_task_tokens([f"f{20 + i}" for i in range(train_y.shape[1])])
-    counts = set_adaptation_trainable(model, args.setting)
+    counts = set_adaptation_trainable(model, args.setting, args.adapt_frozen)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.RAdam(params, lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8)
     beta1, beta2 = 0.9, 0.999
@@ -188,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         losses.append(float(loss.detach()))
         if step % args.measure_every == 0:
             start = time.perf_counter()
-            sharpness = preconditioned_sharpness(
+            sharpness, direction = preconditioned_top_eigenpair(
                 model,
                 adam_preconditioner(optimizer, model),
                 probe_x,
@@ -201,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             # While RAdam takes plain momentum steps (r_t = 0) the preconditioner bound does not apply.
             bound = (2 + 2 * beta1) / ((1 - beta1) * args.learning_rate * rect) if rect > 0 else math.inf
             window = losses[-args.measure_every :]
+            shares = eigenvector_shares(direction)
             record = {
                 "step": step,
                 "epoch": step * args.batch_size / train_x.shape[0],
@@ -210,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "train_loss_mean": sum(window) / len(window),
                 "train_loss_max": max(window),
                 "parameter_norm": math.sqrt(sum(float((p.detach() ** 2).sum()) for p in params)),
+                "sigma": [float(script.sigma) for script in model.neural_interpreter.scripts],
+                "top_direction_shares": shares,
                 "seconds": time.perf_counter() - start,
             }
             records.append(record)
@@ -225,6 +256,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 record["train_loss_max"],
                 len(window),
                 record["parameter_norm"],
+            )
+            logger.info(
+                "  top direction by parameter tensor: %s",
+                ", ".join(f"{n} {share:.3f}" for n, share in list(shares.items())[:6]),
             )
     result = {
         "arguments": asdict(args),

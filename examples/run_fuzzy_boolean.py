@@ -208,6 +208,14 @@ class FuzzyBooleanArguments:
             "the collapse of the 'all' setting at lr 5e-2 (see examples/README.md)."
         },
     )
+    adapt_frozen: str | None = field(
+        default=None,
+        metadata={
+            "help": "A regular expression: parameters whose names it matches (re.search) stay frozen in every "
+            "adaptation setting, e.g. 'sigma$' keeps the kernel bandwidths (a deviation, to find which parameters "
+            "make the 'all' setting unstable; see examples/README.md). Paper: none."
+        },
+    )
     settings: str = field(
         default="cls_tokens,type_inference,all",
         metadata={
@@ -388,17 +396,32 @@ SETTING_GROUPS: dict[str, set[str]] = {
 }
 
 
-def set_adaptation_trainable(model: torch.nn.Module, setting: str) -> dict[str, int]:
-    """Make exactly the parameters of ``setting``'s groups trainable; return trainable parameter counts per group."""
+def set_adaptation_trainable(
+    model: torch.nn.Module, setting: str, frozen: str | None = None
+) -> dict[str, int]:
+    """Make exactly the parameters of ``setting``'s groups trainable; return trainable parameter counts per group.
+
+    ``frozen``: a regular expression; parameters whose names it matches (``re.search``) stay frozen whatever the
+    setting. It must match at least one parameter of the setting's groups.
+    """
     if setting not in SETTING_GROUPS:
         raise ValueError(f"Unknown adaptation setting {setting!r}; expected one of {sorted(SETTING_GROUPS)}.")
+    pattern = re.compile(frozen) if frozen else None
     counts = {"task_tokens": 0, "type_matching": 0, "other": 0}
+    held = 0
     for name, param in model.named_parameters():
         group = parameter_group(name)
         trainable = group in SETTING_GROUPS[setting]
+        if trainable and pattern is not None and pattern.search(name):
+            trainable, held = False, held + 1
         param.requires_grad_(trainable)
         if trainable:
             counts[group] += param.numel()
+    if pattern is not None and held == 0:
+        raise ValueError(
+            f"--adapt_frozen {frozen!r} matches no trainable parameter of the {setting!r} setting; names look like "
+            "'neural_interpreter.scripts.0.sigma' (see model.named_parameters())."
+        )
     return counts
 
 
@@ -913,7 +936,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         # Same fresh CLS tokens for every setting: seed the draw.
         torch.manual_seed(base_args.seed + 1)
         model.neural_interpreter.reset_task_tokens(adapt_names)
-        counts = set_adaptation_trainable(model, setting)
+        counts = set_adaptation_trainable(model, setting, exp.adapt_frozen)
         logger.info(
             "Adaptation setting %r (%s): %d new CLS tokens; trainable parameters %s (total %d); %s, RAdam lr %g",
             setting,

@@ -58,6 +58,37 @@ def test_sharpness_is_the_top_eigenvalue_of_the_preconditioned_hessian(
     assert expected != pytest.approx(np.linalg.eigvalsh(a).max(), rel=0.05)  # the preconditioner mattered
 
 
+class TwoTensorQuadratic(torch.nn.Module):
+    """loss = 1/2 (a^T diag(da) a + b^T diag(db) b): two parameter tensors with their own curvatures."""
+
+    def __init__(self, da: list[float], db: list[float]) -> None:
+        super().__init__()
+        self.register_buffer("da", torch.tensor(da))
+        self.register_buffer("db", torch.tensor(db))
+        self.a = torch.nn.Parameter(torch.ones(len(da)))
+        self.b = torch.nn.Parameter(torch.ones(len(db)))
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(loss=0.5 * (self.da * self.a**2).sum() + 0.5 * (self.db * self.b**2).sum())
+
+
+@pytest.mark.parametrize("pb, expected_top", [(1.0, "b"), (100.0, "a")])
+def test_top_direction_lies_in_the_tensor_whose_preconditioned_curvature_is_largest(
+    sharp: ModuleType, pb: float, expected_top: str
+) -> None:
+    # Curvature 3 in a, 30 in b; dividing b's by a preconditioner of 100 moves the top direction into a.
+    model = TwoTensorQuadratic([3.0, 1.0, 0.5], [30.0, 2.0])
+    precond = {"a": torch.ones(3, dtype=torch.float64), "b": torch.full((2,), pb, dtype=torch.float64)}
+    eigenvalue, vector = sharp.preconditioned_top_eigenpair(
+        model, precond, torch.zeros(1), torch.zeros(1), 100, torch.Generator().manual_seed(0), torch.float64
+    )
+    assert eigenvalue == pytest.approx(30.0 / pb if expected_top == "b" else 3.0, rel=1e-6)
+    shares = sharp.eigenvector_shares(vector)
+    assert list(shares) == [expected_top, "a" if expected_top == "b" else "b"]  # largest first
+    assert shares[expected_top] == pytest.approx(1.0, abs=1e-6)
+    assert sum(shares.values()) == pytest.approx(1.0)
+
+
 def test_preconditioner_and_rectification_match_torch_radam(sharp: ModuleType) -> None:
     model = Quadratic(torch.eye(4), torch.ones(4))
     opt = torch.optim.RAdam(model.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8)
@@ -122,4 +153,7 @@ def test_smoke_run_writes_measurements(sharp: ModuleType, tmp_path: Path) -> Non
     assert at_4["stability_bound"] == math.inf  # step 4: RAdam still takes momentum steps (r_t = 0)
     assert at_8["stability_bound"] == pytest.approx(38 / (5e-2 * sharp.radam_rectification(8, 0.999)))
     assert result["trainable_parameters"]["task_tokens"] == 10 * 16
+    for m in result["measurements"]:
+        assert len(m["sigma"]) == config.num_scripts
+        assert sum(m["top_direction_shares"].values()) == pytest.approx(1.0)
     assert json.loads(out.read_text())["measurements"] == result["measurements"]

@@ -774,12 +774,22 @@ def test_training_reduces_the_loss(tester):
         ({"task_names": ["a", "a"]}, "task_names"),
         ({"default_task": 5}, "default_task"),
         ({"sigma_init": 0.0}, "sigma_init"),
+        ({"input_position_embedding_std": -1.0}, "input_position_embedding_std"),
         ({"hidden_dropout_prob": 1.0}, "hidden_dropout_prob"),
     ],
 )
 def test_bad_configs_raise_clear_errors(tester, overrides, match):
     with pytest.raises(ValueError, match=match):
         tester.get_config(**overrides)
+
+
+@pytest.mark.parametrize("std", [0.02, 1.0])
+def test_set_inputs_positional_embeddings_start_at_the_configured_scale(tester, std):
+    config = tester.get_config(input_position_embedding_std=std, num_input_variables=64, hidden_size=32)
+    model = NeuralInterpreterForSetRegression(config)
+    assert model.input_position_embeddings.std().item() == pytest.approx(std, rel=0.1)
+    reloaded = NeuralInterpreterConfig.from_dict(config.to_dict())
+    assert reloaded.input_position_embedding_std == std
 
 
 def test_unknown_preset_names_the_known_ones():

@@ -112,6 +112,23 @@ def test_set_adaptation_trainable_groups(script: ModuleType) -> None:
         script.set_adaptation_trainable(model, "bogus")
 
 
+def test_adapt_frozen_keeps_matching_parameters_frozen_in_every_setting(script: ModuleType) -> None:
+    config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", num_scripts=2, num_function_iterations=1)
+    model = NeuralInterpreterForSetRegression(config)
+    all_counts = script.set_adaptation_trainable(model, "all")
+    counts = script.set_adaptation_trainable(model, "all", r"sigma$|^regressor\.")
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    assert {"neural_interpreter.scripts.0.sigma", "neural_interpreter.scripts.1.sigma"} <= frozen
+    assert {"regressor.linear.weight", "regressor.norm.bias"} <= frozen
+    assert model.neural_interpreter.scripts[0].codes.requires_grad
+    regressor = sum(p.numel() for p in model.regressor.parameters())
+    assert counts["other"] == all_counts["other"] - 2 - regressor
+    assert counts["task_tokens"] == all_counts["task_tokens"]
+    # A pattern that only matches parameters the setting leaves frozen anyway is a mistake: say so.
+    with pytest.raises(ValueError, match="matches no trainable parameter of the 'cls_tokens' setting"):
+        script.set_adaptation_trainable(model, "cls_tokens", "sigma$")
+
+
 # --- the quick protocol end to end ----------------------------------------------------------------------
 
 

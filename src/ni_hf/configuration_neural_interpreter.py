@@ -104,6 +104,8 @@ class NeuralInterpreterConfig(PretrainedConfig):
         share_task_tokens: if True, one CLS token and one head are shared by all tasks (the reference).
         default_task: index of the task used when `task_ids` is not given (e.g. by `pipeline`).
         num_input_variables: number of scalar inputs of set-regression models (fuzzy Boolean).
+        input_position_embedding_std: std of the normal init of those inputs' learned positional embeddings
+            (0.02 as GPT-2, which the paper cites for them; the reference's set inputs use 1.0, `torch.randn`).
         hidden_dropout_prob / attention_probs_dropout_prob: dropout on LOC outputs / attention weights.
         initializer_range: std of the truncated-normal init of Linear weights; None keeps PyTorch's
             default Linear init (as the reference implementation does).
@@ -142,6 +144,7 @@ class NeuralInterpreterConfig(PretrainedConfig):
         share_task_tokens: bool = False,
         default_task: int = 0,
         num_input_variables: int = 5,
+        input_position_embedding_std: float = 0.02,
         hidden_dropout_prob: float = 0.0,
         attention_probs_dropout_prob: float = 0.0,
         initializer_range: float | None = None,
@@ -176,6 +179,7 @@ class NeuralInterpreterConfig(PretrainedConfig):
         self.share_task_tokens = share_task_tokens
         self.default_task = default_task
         self.num_input_variables = num_input_variables
+        self.input_position_embedding_std = input_position_embedding_std
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
         self.initializer_range = initializer_range
@@ -261,6 +265,10 @@ class NeuralInterpreterConfig(PretrainedConfig):
             )
         if self.sigma_init <= 0:
             raise ValueError(f"`sigma_init` must be > 0, got {self.sigma_init}.")
+        if self.input_position_embedding_std < 0:
+            raise ValueError(
+                f"`input_position_embedding_std` must be >= 0, got {self.input_position_embedding_std}."
+            )
         if self.kernel_eps < 0 or self.attention_eps < 0:
             raise ValueError("`kernel_eps` and `attention_eps` must be >= 0.")
         if self.image_size % self.patch_size:

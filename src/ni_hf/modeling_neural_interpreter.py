@@ -1397,8 +1397,8 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, NeuralInterpreterForSetRegression):
-            # Learned positional embeddings as in GPT-2, which the paper cites for them: N(0, 0.02).
-            init.normal_(module.input_position_embeddings, std=0.02)
+            # Learned positional embeddings (the paper cites GPT-2 for them): N(0, std), std 0.02 as GPT-2 by default.
+            init.normal_(module.input_position_embeddings, std=self.config.input_position_embedding_std)
 
     def forward(
         self,
