@@ -153,19 +153,6 @@ def preconditioned_top_eigenpair(
     return eigenvalue, dict(zip(precond, v, strict=True))
 
 
-def preconditioned_sharpness(
-    model: torch.nn.Module,
-    precond: dict[str, torch.Tensor],
-    inputs: torch.Tensor,
-    labels: torch.Tensor,
-    iterations: int,
-    generator: torch.Generator,
-    dtype: torch.dtype = torch.float32,
-) -> float:
-    """Largest eigenvalue of P^-1/2 H P^-1/2 (= of P^-1 H) of the mean loss on (inputs, labels), by power iteration."""
-    return preconditioned_top_eigenpair(model, precond, inputs, labels, iterations, generator, dtype)[0]
-
-
 def eigenvector_shares(vector: dict[str, torch.Tensor]) -> dict[str, float]:
     """Share of a direction's squared length in each parameter tensor, largest first (the shares sum to 1)."""
     mass = {name: float((v.double() ** 2).sum()) for name, v in vector.items()}

@@ -49,7 +49,7 @@ def test_sharpness_is_the_top_eigenvalue_of_the_preconditioned_hessian(
     with torch.no_grad():
         model.w.normal_()  # not at the minimum: the gradient is not zero, the Hessian still A
     precond = {"w": torch.tensor(p, dtype=torch.float64)}
-    estimate = sharp.preconditioned_sharpness(
+    estimate, _ = sharp.preconditioned_top_eigenpair(
         model, precond, torch.zeros(1), torch.zeros(1), 200, torch.Generator().manual_seed(0), dtype
     )
     scaled = a / np.sqrt(np.outer(p, p))  # P^-1/2 A P^-1/2
