@@ -1397,7 +1397,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, NeuralInterpreterForSetRegression):
-            # Learned positional embeddings (the paper cites GPT-2 for them): N(0, std), std 0.02 as GPT-2 by default.
+            # Learned positional embeddings: N(0, std), std 1.0 by default as the reference's (GPT-2's is 0.02).
             init.normal_(module.input_position_embeddings, std=self.config.input_position_embedding_std)
 
     def forward(
