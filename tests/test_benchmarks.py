@@ -277,3 +277,21 @@ def test_thread_profile_reports_the_step_operators_per_thread_count(capsys: pyte
     assert len(lines) == 2 + 1 + 5  # one line per thread count, a header, the top five operators
     assert all(float(line.split()[-1]) > 0 for line in lines[3:])  # each operator's speed-up over 1 thread
     assert "distinct positive thread counts" in out.err
+
+
+def test_token_padding_times_the_six_attention_products_per_key_count(capsys: pytest.CaptureFixture) -> None:
+    module = load_script(REPO / "benchmarks" / "token_padding.py", "ni_token_padding")
+    threads_before = torch.get_num_threads()
+    tiny = ["--tokens", "5", "--batch-size", "2", "--functions", "2", "--heads", "1", "--hidden", "8"]
+    try:
+        results = module.main(
+            ["--threads", "1", "--keys", "5", "8", "--value-head", "4", "--repeats", "1", *tiny]
+        )
+        with pytest.raises(SystemExit):
+            module.main(["--keys", "4", *tiny])
+    finally:
+        torch.set_num_threads(threads_before)
+    assert set(results) == {1} and set(results[1]) == {5, 8}
+    assert all(len(times) == 6 and min(times.values()) > 0 for times in results[1].values())
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [line.split()[1] for line in table[1:]] == ["5", "8"]  # after the header, one row per key count
