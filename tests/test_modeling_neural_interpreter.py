@@ -257,12 +257,12 @@ def test_bilinear_attention_function_has_exact_gradients(with_bias):
     inputs = [t.requires_grad_() for t in (hidden, bilinear, value_weight, value_bias, c_key)]
     if with_bias:
         inputs.append(torch.randn(u, h, n, n, dtype=torch.double, requires_grad=True))
-        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, h), inputs)
+        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, h, True), inputs)
     else:
-        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, None, h), inputs)
+        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, None, h, True), inputs)
         # a value projection without bias
         assert torch.autograd.gradcheck(
-            lambda x, w, wv, c: _BilinearAttention.apply(x, w, wv, None, c, None, h),
+            lambda x, w, wv, c: _BilinearAttention.apply(x, w, wv, None, c, None, h, True),
             [hidden, bilinear, value_weight, c_key],
         )
 
@@ -394,9 +394,11 @@ def test_norm_mod_lin_normalises_a_bf16_stream_in_the_weights_float32_like_autoc
         torch.testing.assert_close(grad, param.grad)
 
 
+@pytest.mark.parametrize("shared_input", [True, False])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_attention_output_has_exact_gradients(with_bias):
-    """gate * ModLin(Eq. 6's division of A @ [C v, C], heads merged), recomputed in the backward."""
+def test_attention_output_has_exact_gradients(with_bias, shared_input):
+    """x + gate * ModLin(Eq. 6's division of A @ [C v, C], heads merged), recomputed in the backward; x is the
+    (B, N, d) input every function shares, or (U, B, N, d) streams."""
     torch.manual_seed(0)
     b, u, h, n, dv, d_out = 2, 3, 2, 4, 3, 5
     columns = torch.randn(b, u, h, n, dv + 1, dtype=torch.double)
@@ -408,11 +410,13 @@ def test_attention_output_has_exact_gradients(with_bias):
     weight = torch.randn(u, d_out, h * dv, dtype=torch.double)
     bias = torch.randn(d_out, dtype=torch.double) if with_bias else None
     gate = c_key[:, :, 0].transpose(0, 1).clone()  # (U, B, N, 1), as the LOC passes C_ui twice
-    inputs = [t.requires_grad_() for t in (columns, c_key, weight, gate)]
+    x = torch.randn(*(() if shared_input else (u,)), b, n, d_out, dtype=torch.double)
+    inputs = [t.requires_grad_() for t in (x, columns, c_key, weight, gate)]
     if with_bias:
         inputs.append(bias.requires_grad_())
     assert torch.autograd.gradcheck(
-        lambda c, ck, w, g, *b_: _AttentionOutput.apply(c, ck, 1e-3, w, b_[0] if b_ else None, g), inputs
+        lambda x_, c, ck, w, g, *b_: _AttentionOutput.apply(x_, c, ck, 1e-3, w, b_[0] if b_ else None, g),
+        inputs,
     )
 
 
@@ -691,6 +695,69 @@ def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatc
         torch.testing.assert_close(logits, fresh_logits, atol=0, rtol=0)
         for g, f in zip(grads, fresh_grads, strict=True):
             torch.testing.assert_close(g, f, atol=1e-7, rtol=1e-6)
+
+
+def _bilinear_model_and_batches(tester, sizes):
+    config = tester.get_config(hidden_size=8, attention_head_size=8, truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    batches = []
+    for size in sizes:
+        tester.batch_size = size
+        batches.append(tester.prepare_inputs(config))
+    return model, batches
+
+
+def _gradients(model) -> list[torch.Tensor]:
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_kept_h_a_buffers_are_reused_by_the_next_step_but_never_while_a_graph_holds_them(tester):
+    """The bilinear form keeps h A for its backward in pooled buffers: a buffer is handed out again only after the
+    graph that holds it is gone, so two graphs alive at once (each backward run after both forwards) give the
+    gradients of two separate steps, and the step after that takes its buffers from the pool, not new memory."""
+    model, (first, second) = _bilinear_model_and_batches(tester, (3, 3))
+    separate = []
+    for inputs in (first, second):
+        model(**inputs).loss.backward()
+        separate.append(_gradients(model))
+
+    modeling_neural_interpreter.release_workspace()
+    loss_first, loss_second = model(**first).loss, model(**second).loss
+    assert not modeling_neural_interpreter._KEPT.free  # both graphs hold their buffers
+    loss_second.backward()
+    second_grads = _gradients(model)
+    loss_first.backward()
+    first_grads = _gradients(model)
+    for together, alone in zip((first_grads, second_grads), separate, strict=True):
+        for g, ref in zip(together, alone, strict=True):
+            torch.testing.assert_close(g, ref, atol=0, rtol=0)
+
+    del loss_first, loss_second  # the graphs, and with them the kept tensors
+    pooled = {b.data_ptr() for bases in modeling_neural_interpreter._KEPT.free.values() for b in bases}
+    assert pooled, "the buffers went back to the pool"
+    model(**first).loss.backward()
+    after = {b.data_ptr() for bases in modeling_neural_interpreter._KEPT.free.values() for b in bases}
+    assert after == pooled  # the step took the pooled buffers and gave the same ones back
+
+
+def test_kept_h_a_survives_retain_graph_and_a_step_in_between(tester):
+    """backward(retain_graph=True), a whole other step, then a second backward of the first graph: h A of the first
+    graph is still the one its forward computed (the buffer was not handed to the step in between)."""
+    model, (first, other) = _bilinear_model_and_batches(tester, (3, 3))
+    model(**first).loss.backward()
+    reference = _gradients(model)
+
+    loss = model(**first).loss
+    loss.backward(retain_graph=True)
+    _gradients(model)
+    model(**other).loss.backward()
+    _gradients(model)
+    loss.backward()
+    for g, ref in zip(_gradients(model), reference, strict=True):
+        torch.testing.assert_close(g, ref, atol=0, rtol=0)
 
 
 # --- forward options ------------------------------------------------------------------------------------

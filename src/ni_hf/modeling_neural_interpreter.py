@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -230,35 +231,61 @@ def _merge_heads(attended: torch.Tensor) -> torch.Tensor:
 
 
 class _AttentionOutput(torch.autograd.Function):
-    """gate * ModLin(heads of Eq. 6; c_u) from A @ [C_uj v_j, C_uj], keeping those columns, not Eq. 6's output.
+    """x + gate * ModLin(heads of Eq. 6; c_u) from A @ [C_uj v_j, C_uj], keeping those columns, not Eq. 6's output.
 
-    Eq. 6's normalisation and the merge of the heads are cheap elementwise work and a copy; the backward redoes
-    them from the attention's columns (which the attention keeps anyway) instead of keeping their (U, B, N, d)
-    result, as `_GatedModLin` would.
+    Eq. 6's normalisation is written straight into the merged-heads layout the output ModLin reads (one pass, no
+    copy), and the residual x and the bias join in one pass after the matmul. The backward redoes the
+    normalisation from the attention's columns (which the attention keeps anyway) instead of keeping its
+    (U, B, N, d) result, as `_GatedModLin` would. x is (B, N, d) shared by all functions, or (U, B, N, d).
     """
 
     @staticmethod
-    def forward(ctx, columns, c_key, eps, weight, bias, gate):
+    def forward(ctx, x, columns, c_key, eps, weight, bias, gate):
         ctx.autocast = _AutocastState(columns.device.type)
         ctx.eps = eps
-        attended = _merge_heads(_normalise_columns(columns, c_key, eps))
-        num_functions = weight.shape[0]
-        y = apply_function_weights(attended, weight, None if bias is None else bias.expand(num_functions, -1))
+        ctx.shared_input = x.dim() == 3
+        attended = _merged_normalised_columns(columns, c_key, eps)
+        y = apply_function_weights(attended, weight, None)
+        del attended
+        if bias is not None:
+            y.add_(bias.to(y.dtype))
         ctx.save_for_backward(columns, c_key, weight, bias, gate)
-        return y.mul_(gate)
+        # x + gate * y in place; under autocast the residual stream keeps x's dtype.
+        if y.dtype != x.dtype:
+            return torch.addcmul(x, y.to(x.dtype), gate)
+        return torch.addcmul(x, y, gate, out=y)
 
     @staticmethod
     def backward(ctx, grad):
         columns, c_key, weight, bias, gate = ctx.saved_tensors
         with ctx.autocast():
-            attended = _normalise_columns(columns, c_key, ctx.eps)
+            attended = _merged_normalised_columns(columns, c_key, ctx.eps)
             grad_x, grad_weight, grad_bias, grad_gate = _gated_mod_lin_backward(
-                grad, _merge_heads(attended), weight, bias, gate, gelu=False
+                grad, attended, weight, bias, gate, gelu=False
             )
-            b, u, h, n, dv = attended.shape
-            grad_attended = grad_x.view(u, b, n, h, dv).permute(1, 0, 3, 2, 4)
+            del attended
+            b, u, h, n = columns.shape[:4]
+            grad_attended = grad_x.view(u, b, n, h, -1).permute(1, 0, 3, 2, 4)
             grad_columns, grad_c_key = _normalise_columns_backward(grad_attended, columns, c_key, ctx.eps)
-        return grad_columns, grad_c_key, None, grad_weight, grad_bias, grad_gate
+        grad_residual = grad.sum(0) if ctx.shared_input else grad
+        return grad_residual, grad_columns, grad_c_key, None, grad_weight, grad_bias, grad_gate
+
+
+def _merged_normalised_columns(columns: torch.Tensor, c_key: torch.Tensor, eps: float) -> torch.Tensor:
+    """`_merge_heads(_normalise_columns(columns, c_key, eps))` (U, B, N, H * dv), written in one pass."""
+    b, u, h, n, _ = columns.shape
+    if torch.compiler.is_compiling():  # no strided out= there; the compiler fuses the product and the copy
+        return _merge_heads(_normalise_columns(columns, c_key, eps))
+    numerator, total = columns.split([columns.shape[-1] - 1, 1], dim=-1)
+    ratio = _normalise_ratio(total, c_key, eps)
+    shape = (u, b, n, h * numerator.shape[-1])
+    dtype = torch.promote_types(numerator.dtype, ratio.dtype)
+    if dtype == torch.float32 and _reuses_workspace(columns, c_key):
+        merged = _WORKSPACE.get("attended", shape, columns)
+    else:
+        merged = torch.empty(shape, dtype=dtype, device=columns.device)
+    torch.mul(numerator, ratio, out=merged.view(u, b, n, h, -1).permute(1, 0, 3, 2, 4))
+    return merged
 
 
 def _normalise_columns_backward(
@@ -282,16 +309,17 @@ def _normalise_columns_backward(
 
 def attention_output(
     projection: ModLin,
+    x: torch.Tensor,
     columns: torch.Tensor,
     compatibilities: torch.Tensor,
     eps: float,
     codes: torch.Tensor,
     gate: torch.Tensor,
 ) -> torch.Tensor:
-    """gate * ModLin(Eq. 6; c_u) (U, B, N, out) from the attention's columns A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1)."""
+    """x + gate * ModLin(Eq. 6; c_u) (U, B, N, out) from the attention's columns A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1)."""
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
     return _AttentionOutput.apply(
-        columns, c_key, eps, projection.function_weights(codes), projection.bias, gate
+        x, columns, c_key, eps, projection.function_weights(codes), projection.bias, gate
     )
 
 
@@ -439,13 +467,18 @@ class RelativePositionalBias(nn.Module):
         return F.pad(bias, (num_prefix_tokens, 0, num_prefix_tokens, 0))
 
 
+def _normalise_ratio(total: torch.Tensor, c_query: torch.Tensor, eps: float) -> torch.Tensor:
+    """C_ui / (eps + C_ui * total), and 0 where that denominator is 0 (eps = 0 and C_ui = 0)."""
+    denominator = eps + c_query * total
+    nonzero = denominator > 0
+    return torch.where(nonzero, c_query / torch.where(nonzero, denominator, 1.0), 0.0)
+
+
 def _gated_normalise(
     numerator: torch.Tensor, total: torch.Tensor, c_query: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """C_ui * numerator / (eps + C_ui * total), and 0 where that denominator is 0 (eps = 0 and C_ui = 0)."""
-    denominator = eps + c_query * total
-    nonzero = denominator > 0
-    return numerator * torch.where(nonzero, c_query / torch.where(nonzero, denominator, 1.0), 0.0)
+    return numerator * _normalise_ratio(total, c_query, eps)
 
 
 def _normalise_columns(out: torch.Tensor, c_key: torch.Tensor, eps: float) -> torch.Tensor:
@@ -487,11 +520,21 @@ def _compatibility_columns(value: torch.Tensor, c_key: torch.Tensor, transient: 
 
     transient: the result dies inside the calling autograd Function (see `_Workspace`).
     """
-    b, u, h, n, _ = value.shape
-    parts = [value * c_key, c_key.expand(b, u, h, n, 1)]
-    if not (transient and _reuses_workspace(value, c_key)):
-        return torch.cat(parts, dim=-1)
-    return torch.cat(parts, dim=-1, out=_WORKSPACE.get("columns", (b, u, h, n, value.shape[-1] + 1), value))
+    b, u, h, n, dv = value.shape
+    # out= has no autograd, and torch.compile takes no strided out= (and fuses the two itself).
+    if torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and (value.requires_grad or c_key.requires_grad)
+    ):
+        return torch.cat([value * c_key, c_key.expand(b, u, h, n, 1)], dim=-1)
+    shape = (b, u, h, n, dv + 1)
+    if transient and _reuses_workspace(value, c_key):
+        columns = _WORKSPACE.get("columns", shape, value)
+    else:
+        columns = torch.empty(shape, dtype=torch.promote_types(value.dtype, c_key.dtype), device=value.device)
+    # The scaled values go straight into their slots: no (B, U, H, N, dv) temporary to copy over.
+    torch.mul(value, c_key, out=columns[..., :dv])
+    columns[..., dv:] = c_key
+    return columns
 
 
 def _attention_weights_backward(
@@ -582,9 +625,48 @@ class _Workspace(threading.local):
 _WORKSPACE = _Workspace()
 
 
+class _KeptBuffers:
+    """Reused CPU buffers for large tensors that a custom Function keeps for its backward (h A of the bilinear form).
+
+    Kept tensors die when autograd releases what the Function saved (after its backward, or with the graph), and a
+    fresh one would cost page faults at every step as the workspace's transients would (see `_Workspace`). Here a
+    buffer returns to the pool only when the tensor handed out dies (a `weakref.finalize` on it; autograd holds
+    that very tensor), so it is never handed out twice while a graph may still read it: `retain_graph`, several
+    graphs alive at once and activation checkpointing stay exact. Shared by all threads.
+    """
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[torch.dtype, torch.device, int], list[torch.Tensor]] = {}
+        self.lock = threading.Lock()
+
+    def take(self, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised tensor of `shape`; hold this very tensor (not only views of it) while it is in use."""
+        key = (like.dtype, like.device, math.prod(shape))
+        with self.lock:
+            spare = self.free.get(key)
+            base = spare.pop() if spare else None
+        if base is None:
+            base = torch.empty(key[2], dtype=like.dtype, device=like.device)
+        tensor = base.view(shape)
+        weakref.finalize(tensor, self._give_back, key, base)
+        return tensor
+
+    def _give_back(self, key: tuple[torch.dtype, torch.device, int], base: torch.Tensor) -> None:
+        with self.lock:
+            self.free.setdefault(key, []).append(base)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.free.clear()
+
+
+_KEPT = _KeptBuffers()
+
+
 def release_workspace() -> None:
-    """Free this thread's reused CPU buffers (`_Workspace`); the next forward allocates them again."""
+    """Free the reused CPU buffers (this thread's `_Workspace`, and the idle ones of `_KeptBuffers`)."""
     _WORKSPACE.buffers.clear()
+    _KEPT.clear()
 
 
 def _reuses_workspace(*tensors: torch.Tensor) -> bool:
@@ -621,6 +703,15 @@ def _transient_copy(name: str, x: torch.Tensor) -> torch.Tensor:
     return _WORKSPACE.get(name, x.shape, x).copy_(x)
 
 
+def _kept_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) without bias, for a result a custom Function keeps for its backward (`_KeptBuffers`)."""
+    if not _reuses_workspace(x, weight):
+        return F.linear(x, weight)
+    out = _KEPT.take((*x.shape[:-1], weight.shape[0]), x)
+    torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out=out.view(-1, weight.shape[0]))
+    return out
+
+
 def _transient_linear(name: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(x, weight) without bias, for a result that dies before the next call with the same name."""
     if not _reuses_workspace(x, weight):
@@ -638,33 +729,40 @@ class _BilinearAttention(torch.autograd.Function):
     (`bilinear` is [A_uh^T], a (U * H * d, d) Linear weight), then one batched matmul per sample against the
     shared h. That replaces the q and k projections and U * H small (N x d_h) @ (d_h x N) products, and costs
     fewer FLOPs when d is below about 2 d_h (the digits preset: 192 < 256; `bilinear_attention_pays` decides).
-    Keeps h, the N x N weights and the output. Per (function, head) the weights are N x N numbers where h A_uh
-    is N x d (67 x 67 against 67 x 192 for the digits preset), so the backward redoes h A and the values
-    (`value_weight` (U * H * dv, d), `value_bias` (U * H * dv,) or None) from h, one GEMM each, rather than keep
-    them, and does not redo the logits and their softmax.
+    Keeps h, h A, the N x N weights and the output. The backward redoes the values (`value_weight`
+    (U * H * dv, d), `value_bias` (U * H * dv,) or None) from h, a GEMM a quarter the size of h A's (dv = d / H),
+    rather than keep them; h A it keeps: redoing it was a sixth of the arithmetic of a training step (benchmarks/
+    RESULTS.md, 2026-11-25). On CPU, h A lives in a pooled buffer (`_KeptBuffers`) that the next step reuses.
     """
 
     @staticmethod
-    def forward(ctx, hidden, bilinear, value_weight, value_bias, c_key, position_bias, num_heads):
+    def forward(ctx, hidden, bilinear, value_weight, value_bias, c_key, position_bias, num_heads, keep):
         ctx.autocast = _AutocastState(hidden.device.type)
         ctx.num_heads = num_heads
         hidden = hidden.contiguous()
         num_functions = c_key.shape[1]
-        mixed = _transient_linear("h A", hidden, bilinear)  # (B, N, U * H * d), rows (i, u, h)
+        # (B, N, U * H * d), rows (i, u, h); `keep`: autograd records this call, so there may be a backward.
+        if keep:
+            mixed = _kept_linear(hidden, bilinear)
+        else:
+            mixed = _transient_linear("h A", hidden, bilinear)
         probs = _bilinear_probs(mixed, hidden, position_bias, num_functions, num_heads)  # (B, N, U, H, N)
         probs = probs.permute(0, 2, 3, 1, 4).contiguous()  # (B, U, H, N, N)
         value = _bilinear_values(hidden, value_weight, value_bias, num_functions, num_heads)
         out = probs @ _compatibility_columns(value, c_key, transient=True)
-        ctx.save_for_backward(hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs)
+        ctx.save_for_backward(
+            hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs, mixed
+        )
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs = ctx.saved_tensors
+        hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs, mixed = (
+            ctx.saved_tensors
+        )
         b, n, d = hidden.shape
         u, h = c_key.shape[1], ctx.num_heads
         with ctx.autocast():
-            mixed = _transient_linear("h A", hidden, bilinear)
             value = _bilinear_values(hidden, value_weight, value_bias, u, h)
             grad_columns, grad_logits = _attention_weights_backward(probs, grad_out, out, value, c_key)
             del probs
@@ -696,6 +794,7 @@ class _BilinearAttention(torch.autograd.Function):
             grad_value_bias,
             grad_c_key.to(c_key.dtype),
             grad_bias,
+            None,
             None,
         )
 
@@ -747,15 +846,11 @@ def modulated_attention_bilinear(
     # [A_uh^T] = [W_k,uh^T W_q,uh] as one (U * H * d, d) Linear weight: that layout runs the h A GEMM fastest.
     bilinear = (wk.transpose(-1, -2) @ wq).reshape(-1, d)
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
-    out = _BilinearAttention.apply(
-        hidden,
-        bilinear,
-        value_weight.reshape(-1, d),
-        None if value_bias is None else value_bias.reshape(-1),
-        c_key,
-        position_bias,
-        num_heads,
-    )
+    value_weight = value_weight.reshape(-1, d)
+    value_bias = None if value_bias is None else value_bias.reshape(-1)
+    inputs = (hidden, bilinear, value_weight, value_bias, c_key, position_bias)
+    keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    out = _BilinearAttention.apply(*inputs, num_heads, keep)
     return _normalise_columns(out, c_key, eps) if normalise else out
 
 
@@ -953,7 +1048,7 @@ class LineOfCode(nn.Module):
             streams = torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
             return (gate * streams).sum(0) if combine else streams
         if columns:
-            a = x + attention_output(self.output, attended, compatibilities, eps, codes, gate)
+            a = attention_output(self.output, x, attended, compatibilities, eps, codes, gate)
         else:
             a = x + gated_mod_lin(self.output, _merge_heads(attended), codes, gate)
         hidden = norm_mod_lin(self.mlp_norm, self.mlp.fc1, a, codes)
