@@ -626,34 +626,50 @@ _WORKSPACE = _Workspace()
 
 
 class _KeptBuffers:
-    """Reused CPU buffers for large tensors that a custom Function keeps for its backward (h A of the bilinear form).
+    """Reused CPU buffers for large tensors that a custom Function keeps for its backward (h A, the attention weights).
 
     Kept tensors die when autograd releases what the Function saved (after its backward, or with the graph), and a
     fresh one would cost page faults at every step as the workspace's transients would (see `_Workspace`). Here a
-    buffer returns to the pool only when the tensor handed out dies (a `weakref.finalize` on it; autograd holds
-    that very tensor), so it is never handed out twice while a graph may still read it: `retain_graph`, several
-    graphs alive at once and activation checkpointing stay exact. Shared by all threads.
+    buffer returns to the pool only when every tensor handed out on it has died (a `weakref.finalize` on each;
+    autograd holds those very tensors), so it is never handed out twice while a graph may still read it:
+    `retain_graph`, several graphs alive at once and activation checkpointing stay exact. A Function that returns
+    such a tensor and also saves it saves an `alias` (autograd keeps a saved output as a tensor of its own, which
+    the pool could not see). Shared by all threads.
     """
 
     def __init__(self) -> None:
-        self.free: dict[tuple[torch.dtype, torch.device, int], list[torch.Tensor]] = {}
+        self.free: dict[tuple[torch.dtype, torch.device, int], list[torch.UntypedStorage]] = {}
         self.lock = threading.Lock()
 
     def take(self, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-        """An uninitialised tensor of `shape`; hold this very tensor (not only views of it) while it is in use."""
+        """An uninitialised contiguous tensor of `shape` (not a view); hold it, or an `alias`, while it is in use."""
         key = (like.dtype, like.device, math.prod(shape))
         with self.lock:
             spare = self.free.get(key)
-            base = spare.pop() if spare else None
-        if base is None:
-            base = torch.empty(key[2], dtype=like.dtype, device=like.device)
-        tensor = base.view(shape)
-        weakref.finalize(tensor, self._give_back, key, base)
+            storage = spare.pop() if spare else None
+        if storage is None:
+            storage = torch.empty(key[2], dtype=like.dtype, device=like.device).untyped_storage()
+        return self._hand_out([0, key, storage], shape)
+
+    def alias(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Another tensor on the buffer of `tensor` (from `take`); the buffer stays out until both have died."""
+        return self._hand_out(tensor._kept_lease, tensor.shape)
+
+    def _hand_out(self, lease: list, shape: Sequence[int]) -> torch.Tensor:
+        """A tensor on the lease's buffer; lease = [tensors alive, (dtype, device, numel), storage]."""
+        (dtype, device, _), storage = lease[1], lease[2]
+        tensor = torch.empty(0, dtype=dtype, device=device).set_(storage, 0, tuple(shape))
+        with self.lock:
+            lease[0] += 1
+        tensor._kept_lease = lease
+        weakref.finalize(tensor, self._release, lease)
         return tensor
 
-    def _give_back(self, key: tuple[torch.dtype, torch.device, int], base: torch.Tensor) -> None:
+    def _release(self, lease: list) -> None:
         with self.lock:
-            self.free.setdefault(key, []).append(base)
+            lease[0] -= 1
+            if lease[0] == 0:
+                self.free.setdefault(lease[1], []).append(lease[2])
 
     def clear(self) -> None:
         with self.lock:
@@ -712,6 +728,13 @@ def _kept_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _kept_copy(x: torch.Tensor) -> torch.Tensor:
+    """x.contiguous(), for a result a custom Function keeps for its backward (`_KeptBuffers`)."""
+    if not _reuses_workspace(x):
+        return x.contiguous()
+    return _KEPT.take(x.shape, x).copy_(x)
+
+
 def _transient_linear(name: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(x, weight) without bias, for a result that dies before the next call with the same name."""
     if not _reuses_workspace(x, weight):
@@ -729,10 +752,11 @@ class _BilinearAttention(torch.autograd.Function):
     (`bilinear` is [A_uh^T], a (U * H * d, d) Linear weight), then one batched matmul per sample against the
     shared h. That replaces the q and k projections and U * H small (N x d_h) @ (d_h x N) products, and costs
     fewer FLOPs when d is below about 2 d_h (the digits preset: 192 < 256; `bilinear_attention_pays` decides).
-    Keeps h, h A, the N x N weights and the output. The backward redoes the values (`value_weight`
+    Keeps h, h A, the N x N weights (softmax) and the output. The backward redoes the values (`value_weight`
     (U * H * dv, d), `value_bias` (U * H * dv,) or None) from h, a GEMM a quarter the size of h A's (dv = d / H),
-    rather than keep them; h A it keeps: redoing it was a sixth of the arithmetic of a training step (benchmarks/
-    RESULTS.md, 2026-11-25). On CPU, h A lives in a pooled buffer (`_KeptBuffers`) that the next step reuses.
+    rather than keep them. h A it keeps: redoing it was a tenth of the arithmetic of a training step of the
+    digits preset (0.79 of 7.5 GFLOP per image; benchmarks/RESULTS.md, 2026-11-25). On CPU, h A and the weights
+    live in pooled buffers (`_KeptBuffers`) that the next step reuses.
     """
 
     @staticmethod
@@ -747,11 +771,19 @@ class _BilinearAttention(torch.autograd.Function):
         else:
             mixed = _transient_linear("h A", hidden, bilinear)
         probs = _bilinear_probs(mixed, hidden, position_bias, num_functions, num_heads)  # (B, N, U, H, N)
-        probs = probs.permute(0, 2, 3, 1, 4).contiguous()  # (B, U, H, N, N)
+        probs = probs.permute(0, 2, 3, 1, 4)  # (B, U, H, N, N)
+        probs = _kept_copy(probs) if keep else _transient_copy("probs", probs)
         value = _bilinear_values(hidden, value_weight, value_bias, num_functions, num_heads)
-        out = probs @ _compatibility_columns(value, c_key, transient=True)
+        columns = _compatibility_columns(value, c_key, transient=True)
+        if keep and _reuses_workspace(probs, columns):
+            # The output is kept too (here and by `_AttentionOutput`): a pooled buffer, saved as an alias.
+            out = _KEPT.take((*probs.shape[:-1], columns.shape[-1]), probs)
+            torch.bmm(probs.flatten(0, 2), columns.flatten(0, 2), out=out.view(-1, *out.shape[-2:]))
+            saved_out = _KEPT.alias(out)
+        else:
+            out = saved_out = probs @ columns
         ctx.save_for_backward(
-            hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs, mixed
+            hidden, bilinear, value_weight, value_bias, c_key, position_bias, saved_out, probs, mixed
         )
         return out
 
