@@ -295,3 +295,51 @@ def test_token_padding_times_the_six_attention_products_per_key_count(capsys: py
     assert all(len(times) == 6 and min(times.values()) > 0 for times in results[1].values())
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert [line.split()[1] for line in table[1:]] == ["5", "8"]  # after the header, one row per key count
+
+
+def _git_has(revision: str) -> bool:
+    try:
+        check = subprocess.run(
+            ["git", "cat-file", "-e", f"{revision}^{{commit}}"], cwd=REPO, capture_output=True
+        )
+    except OSError:
+        return False
+    return check.returncode == 0
+
+
+TINY_COMPARISON = ["--override", "num_function_iterations=1", "--batch-size", "2", "--steps", "1"]
+
+
+@pytest.mark.skipif(not _git_has("HEAD"), reason="needs a git checkout")
+def test_revision_comparison_reports_both_models(capsys: pytest.CaptureFixture) -> None:
+    module = load_script(REPO / "benchmarks" / "compare_revisions.py", "ni_compare_revisions")
+    threads_before = torch.get_num_threads()
+    try:
+        results = module.main(["--revision", "HEAD", *TINY_COMPARISON])
+    finally:
+        torch.set_num_threads(threads_before)
+    assert list(results) == ["revision HEAD", "working tree"]
+    for r in results.values():
+        assert r["max_gradient_difference"] < 1e-5
+        assert 0 < r["forward_gflop_per_image"] < r["training_gflop_per_image"]
+        assert r["wall_s"] > 0 and r["cpu_s"] > 0 and r["minor_page_faults"] >= 0
+    assert "working tree / revision:" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not _git_has("79af920"), reason="needs the history back to 79af920")
+def test_keeping_h_a_removes_its_recomputation_from_the_training_flops() -> None:
+    """Before 2026-11-25 (79af920) the bilinear form redid h A in the backward: one (B N x d) @ (d x U H d) GEMM per
+    function iteration more than now, with the same gradients."""
+    module = load_script(REPO / "benchmarks" / "compare_revisions.py", "ni_compare_revisions")
+    threads_before = torch.get_num_threads()
+    try:
+        before, now = module.main(["--revision", "79af920", *TINY_COMPARISON]).values()
+    finally:
+        torch.set_num_threads(threads_before)
+    assert now["max_gradient_difference"] < 1e-5
+    assert now["forward_gflop_per_image"] == pytest.approx(before["forward_gflop_per_image"])
+    n, d, heads, functions = 67, 192, 4, 5  # digits preset: 64 patches + 3 CLS tokens
+    h_a = 2 * n * d * functions * heads * d / 1e9  # GFLOP per image and function iteration
+    assert before["training_gflop_per_image"] - now["training_gflop_per_image"] == pytest.approx(
+        h_a, rel=1e-3
+    )

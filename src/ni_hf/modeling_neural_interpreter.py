@@ -755,7 +755,7 @@ class _BilinearAttention(torch.autograd.Function):
     Keeps h, h A, the N x N weights (softmax) and the output. The backward redoes the values (`value_weight`
     (U * H * dv, d), `value_bias` (U * H * dv,) or None) from h, a GEMM a quarter the size of h A's (dv = d / H),
     rather than keep them. h A it keeps: redoing it was a tenth of the arithmetic of a training step of the
-    digits preset (0.79 of 7.5 GFLOP per image; benchmarks/RESULTS.md, 2026-11-25). On CPU, h A and the weights
+    digits preset (0.79 of 6.94 GFLOP per image; benchmarks/RESULTS.md, 2026-11-25). On CPU, h A and the weights
     live in pooled buffers (`_KeptBuffers`) that the next step reuses.
     """
 
