@@ -826,6 +826,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 f"Resuming from checkpoint {checkpoint if checkpoint is not True else '(last in output_dir)'}"
             )
         train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        ni_hf.release_workspace()  # the CPU buffers that training steps reuse; evaluation needs far less
         trainer.save_model()  # model.safetensors, config.json (auto_map), code files, preprocessor_config.json
         train_metrics = dict(train_result.metrics)
         train_metrics["train_samples"] = len(raw["train"])

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+import ni_hf
 from ni_hf import (
     NeuralInterpreterConfig,
     NeuralInterpreterForImageClassification,
@@ -741,6 +742,8 @@ def test_kept_h_a_buffers_are_reused_by_the_next_step_but_never_while_a_graph_ho
     model(**first).loss.backward()
     after = {b.data_ptr() for bases in modeling_neural_interpreter._KEPT.free.values() for b in bases}
     assert after == pooled  # the step took the pooled buffers and gave the same ones back
+    ni_hf.release_workspace()
+    assert not modeling_neural_interpreter._KEPT.free
 
 
 def test_kept_h_a_survives_retain_graph_and_a_step_in_between(tester):

@@ -20,6 +20,7 @@ from .modeling_neural_interpreter import (
     NeuralInterpreterModelOutput,
     NeuralInterpreterPreTrainedModel,
     NeuralInterpreterSetRegressionOutput,
+    release_workspace,
 )
 
 __version__ = "0.1.0"
@@ -48,5 +49,6 @@ __all__ = [
     "NeuralInterpreterModelOutput",
     "NeuralInterpreterPreTrainedModel",
     "NeuralInterpreterSetRegressionOutput",
+    "release_workspace",
     "vit_baseline_config",
 ]
