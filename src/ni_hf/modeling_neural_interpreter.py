@@ -637,6 +637,14 @@ class _KeptBuffers:
     the pool could not see). Shared by all threads.
     """
 
+    @dataclass
+    class Lease:
+        """A pooled buffer while it is handed out: its pool key (dtype, device, numel) and the tensors alive on it."""
+
+        key: tuple[torch.dtype, torch.device, int]
+        storage: torch.UntypedStorage
+        alive: int = 0
+
     def __init__(self) -> None:
         self.free: dict[tuple[torch.dtype, torch.device, int], list[torch.UntypedStorage]] = {}
         self.lock = threading.Lock()
@@ -649,27 +657,27 @@ class _KeptBuffers:
             storage = spare.pop() if spare else None
         if storage is None:
             storage = torch.empty(key[2], dtype=like.dtype, device=like.device).untyped_storage()
-        return self._hand_out([0, key, storage], shape)
+        return self._hand_out(self.Lease(key, storage), shape)
 
     def alias(self, tensor: torch.Tensor) -> torch.Tensor:
         """Another tensor on the buffer of `tensor` (from `take`); the buffer stays out until both have died."""
         return self._hand_out(tensor._kept_lease, tensor.shape)
 
-    def _hand_out(self, lease: list, shape: Sequence[int]) -> torch.Tensor:
-        """A tensor on the lease's buffer; lease = [tensors alive, (dtype, device, numel), storage]."""
-        (dtype, device, _), storage = lease[1], lease[2]
-        tensor = torch.empty(0, dtype=dtype, device=device).set_(storage, 0, tuple(shape))
+    def _hand_out(self, lease: _KeptBuffers.Lease, shape: Sequence[int]) -> torch.Tensor:
+        """A tensor on the lease's buffer (not a view: `set_`), given back when it dies."""
+        dtype, device, _ = lease.key
+        tensor = torch.empty(0, dtype=dtype, device=device).set_(lease.storage, 0, tuple(shape))
         with self.lock:
-            lease[0] += 1
+            lease.alive += 1
         tensor._kept_lease = lease
         weakref.finalize(tensor, self._release, lease)
         return tensor
 
-    def _release(self, lease: list) -> None:
+    def _release(self, lease: _KeptBuffers.Lease) -> None:
         with self.lock:
-            lease[0] -= 1
-            if lease[0] == 0:
-                self.free.setdefault(lease[1], []).append(lease[2])
+            lease.alive -= 1
+            if lease.alive == 0:
+                self.free.setdefault(lease.key, []).append(lease.storage)
 
     def clear(self) -> None:
         with self.lock:
