@@ -664,19 +664,25 @@ def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear):
         torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-5)
 
 
+def _bilinear_model_and_batches(tester, sizes):
+    """A tiny config in which the bilinear form pays (d = d_h), in training mode, and one batch per size."""
+    config = tester.get_config(hidden_size=8, attention_head_size=8, truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    batches = []
+    for size in sizes:
+        tester.batch_size = size
+        batches.append(tester.prepare_inputs(config))
+    return model, batches
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatch, checkpointing):
     """The bilinear form writes its transients into reused buffers: batches of other sizes, one after another,
     with or without activation checkpointing (which redoes forwards inside the backward), match fresh tensors."""
-    config = tester.get_config(hidden_size=8, attention_head_size=8, truncation_tau=0.9)
-    torch.manual_seed(0)
-    model = NeuralInterpreterForImageClassification(config).train()
+    model, batches = _bilinear_model_and_batches(tester, (3, 2, 3))
     if checkpointing:
         model.activation_checkpointing_enable()
-    batches = []
-    for size in (3, 2, 3):
-        tester.batch_size = size
-        batches.append(tester.prepare_inputs(config))
 
     def run() -> list:
         results = []
@@ -696,17 +702,6 @@ def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatc
         torch.testing.assert_close(logits, fresh_logits, atol=0, rtol=0)
         for g, f in zip(grads, fresh_grads, strict=True):
             torch.testing.assert_close(g, f, atol=1e-7, rtol=1e-6)
-
-
-def _bilinear_model_and_batches(tester, sizes):
-    config = tester.get_config(hidden_size=8, attention_head_size=8, truncation_tau=0.9)
-    torch.manual_seed(0)
-    model = NeuralInterpreterForImageClassification(config).train()
-    batches = []
-    for size in sizes:
-        tester.batch_size = size
-        batches.append(tester.prepare_inputs(config))
-    return model, batches
 
 
 def _gradients(model) -> list[torch.Tensor]:

@@ -280,7 +280,7 @@ def _merged_normalised_columns(columns: torch.Tensor, c_key: torch.Tensor, eps: 
     ratio = _normalise_ratio(total, c_key, eps)
     shape = (u, b, n, h * numerator.shape[-1])
     dtype = torch.promote_types(numerator.dtype, ratio.dtype)
-    if dtype == torch.float32 and _reuses_workspace(columns, c_key):
+    if _reuses_workspace(columns, c_key):  # float32 on CPU: the promoted dtype is float32 too
         merged = _WORKSPACE.get("attended", shape, columns)
     else:
         merged = torch.empty(shape, dtype=dtype, device=columns.device)
