@@ -928,6 +928,31 @@ def test_add_functions_extends_every_script_and_reloads(tester, tmp_path):
     torch.testing.assert_close(again(pixel_values=x).logits, model(pixel_values=x).logits)
 
 
+def test_add_task_tokens_keeps_the_old_tokens_in_the_set_and_reloads(tester, tmp_path):
+    config = tester.get_config(task_names=["a", "b"], num_input_variables=5)
+    model = NeuralInterpreterForSetRegression(config).eval()
+    old = model.neural_interpreter.task_tokens.detach().clone()
+    new = model.neural_interpreter.add_task_tokens(["c", "d", "e"])
+    assert new == [2, 3, 4] and model.config.task_names == ["a", "b", "c", "d", "e"]
+    tokens = model.neural_interpreter.task_tokens
+    torch.testing.assert_close(tokens[:2], old)
+    assert tokens.shape == (5, config.hidden_size) and not torch.equal(tokens[2], tokens[3])
+    x = torch.rand(3, 5)
+    predictions = model(inputs=x).predictions
+    assert predictions.shape == (3, 5)
+    # The old tokens take part: replacing them changes the new tasks' predictions.
+    with torch.no_grad():
+        tokens[:2] = torch.randn(2, config.hidden_size)
+    assert not torch.allclose(model(inputs=x).predictions[:, 2:], predictions[:, 2:])
+    model.save_pretrained(tmp_path)
+    again = NeuralInterpreterForSetRegression.from_pretrained(tmp_path).eval()
+    assert again.config.task_names == ["a", "b", "c", "d", "e"]
+    torch.testing.assert_close(again(inputs=x).predictions, model(inputs=x).predictions)
+    for bad in ([], ["a"], ["f", "f"]):
+        with pytest.raises(ValueError, match="new, distinct names"):
+            model.neural_interpreter.add_task_tokens(bad)
+
+
 def test_a_collapsed_or_negative_sigma_gives_no_nan(tester):
     config = tester.get_config()
     model = NeuralInterpreterForImageClassification(config).eval()

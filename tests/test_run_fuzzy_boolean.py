@@ -348,3 +348,38 @@ def test_config_overrides_change_the_pretrained_model_and_are_recorded(
         torch.set_num_threads(threads)
     assert adapted["model_changes"] == {"outer_residual": True, "truncation_tau": 1.8}
     assert "changed by `outer_residual=true" in (tmp_path / "adapt" / script.RESULTS_MD).read_text()
+
+
+def test_kept_pretraining_tokens_stay_in_the_set_and_only_the_new_tasks_are_scored(
+    script: ModuleType, quick_run: tuple[dict[str, Any], Path], tmp_path: Path
+) -> None:
+    """--adapt_keep_pretrain_tokens: 20 + 10 task tokens; the 20 stay frozen but in 'all'; R^2 of the 10 new ones."""
+    _, output_dir = quick_run
+    pretrained = _state(output_dir / "pretrain")["neural_interpreter.task_tokens"]
+    threads = torch.get_num_threads()
+    try:
+        results = script.main(
+            [
+                "--protocol", "quick", "--pretrained_model", str(output_dir / "pretrain"),
+                "--settings", "cls_tokens,all", "--adapt_keep_pretrain_tokens", "true",
+                "--output_dir", str(tmp_path), "--disable_tqdm", "true",
+            ]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    data = make_fuzzy_boolean_tensors(points_per_function=results["protocol"]["points_per_function"], seed=0)
+    x, y = data["adapt"]["test"]
+    for setting, old_rows_train in (("cls_tokens", False), ("all", True)):
+        entry = results["adaptation"][setting]
+        assert entry["kept_pretrain_tokens"] == 20 and len(entry["r2_per_function"]) == 10
+        model = NeuralInterpreterForSetRegression.from_pretrained(str(tmp_path / f"adapt-{setting}")).eval()
+        assert model.config.task_names == [f"f{i}" for i in range(30)]
+        tokens = model.neural_interpreter.task_tokens.detach()
+        assert torch.equal(tokens[:20], pretrained) != old_rows_train, setting
+        with torch.no_grad():
+            predictions = model(inputs=x).predictions
+        assert predictions.shape == (len(x), 30)
+        np.testing.assert_allclose(
+            script.r2_per_function(predictions[:, 20:], y), entry["r2_per_function"], rtol=1e-4, atol=1e-6
+        )
+    assert results["adaptation"]["cls_tokens"]["trainable_parameters"]["task_tokens"] == 10 * tokens.shape[1]

@@ -1266,6 +1266,27 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         ref = self.task_tokens
         self.task_tokens = nn.Parameter(torch.randn(num, ref.shape[1], device=ref.device, dtype=ref.dtype))
 
+    def add_task_tokens(self, task_names: Sequence[str]) -> list[int]:
+        """Append fresh N(0, 1) task (CLS) tokens for new tasks; the existing ones stay in the set, unchanged.
+
+        Returns the indices of the new tasks. This is the reference implementation's ``finetune``: the tokens of
+        the tasks seen so far remain part of every sample's set. Shared task tokens only gain the names.
+        """
+        names = list(task_names)
+        clash = sorted(set(names) & set(self.config.task_names))
+        if not names or clash or len(set(names)) != len(names):
+            raise ValueError(
+                f"`task_names` must be new, distinct names (existing: {self.config.task_names}); got {names}."
+            )
+        old = self.config.num_tasks
+        self.config.task_names = [*self.config.task_names, *names]
+        self.config.validate_neural_interpreter()
+        if not self.config.share_task_tokens:
+            ref = self.task_tokens
+            fresh = torch.randn(len(names), ref.shape[1], device=ref.device, dtype=ref.dtype)
+            self.task_tokens = nn.Parameter(torch.cat([ref.data, fresh]), requires_grad=ref.requires_grad)
+        return list(range(old, old + len(names)))
+
     def add_functions(self, num_new: int) -> list[int]:
         """Capacity extension: append `num_new` functions (fresh N(0, 1) signature and code) to every script."""
         if num_new < 1:
