@@ -1270,7 +1270,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         """Append fresh N(0, 1) task (CLS) tokens for new tasks; the existing ones stay in the set, unchanged.
 
         Returns the indices of the new tasks. This is the reference implementation's ``finetune``: the tokens of
-        the tasks seen so far remain part of every sample's set. Shared task tokens only gain the names.
+        the tasks seen so far remain part of every sample's set. Shared task tokens only gain the names. The
+        set-regression model's shared head reads every token; an image classifier needs a head per new task too.
         """
         names = list(task_names)
         clash = sorted(set(names) & set(self.config.task_names))
