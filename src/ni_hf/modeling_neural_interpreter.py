@@ -1274,8 +1274,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         set-regression model's shared head reads every token; an image classifier needs a head per new task too.
         """
         names = list(task_names)
-        clash = sorted(set(names) & set(self.config.task_names))
-        if not names or clash or len(set(names)) != len(names):
+        if not names or set(names) & set(self.config.task_names) or len(set(names)) != len(names):
             raise ValueError(
                 f"`task_names` must be new, distinct names (existing: {self.config.task_names}); got {names}."
             )
