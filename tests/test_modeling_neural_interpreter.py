@@ -840,6 +840,7 @@ def test_training_reduces_the_loss(tester):
         ({"default_task": 5}, "default_task"),
         ({"sigma_init": 0.0}, "sigma_init"),
         ({"input_position_embedding_std": -1.0}, "input_position_embedding_std"),
+        ({"input_position_embedding_placement": "layerwise"}, "every_loc"),
         ({"hidden_dropout_prob": 1.0}, "hidden_dropout_prob"),
     ],
 )
@@ -855,6 +856,29 @@ def test_set_inputs_positional_embeddings_start_at_the_configured_scale(tester, 
     assert model.input_position_embeddings.std().item() == pytest.approx(std, rel=0.1)
     reloaded = NeuralInterpreterConfig.from_dict(config.to_dict())
     assert reloaded.input_position_embedding_std == std
+
+
+def test_positions_every_loc_are_hidden_from_the_first_type_inference_but_reach_the_outputs(tester, tmp_path):
+    """With `every_loc`, equal inputs get equal first types (no positions yet) yet distinct outputs."""
+    torch.manual_seed(0)
+    config = tester.get_config(
+        num_input_variables=4, input_position_embedding_placement="every_loc", num_function_iterations=1
+    )
+    model = NeuralInterpreterForSetRegression(config).eval()
+    inputs = torch.full((2, 4), 0.3)
+    out = model(inputs=inputs, output_routing=True, output_hidden_states=True)
+    first_types = out.types[0][:, config.num_task_tokens :]
+    torch.testing.assert_close(first_types, first_types[:, :1].expand_as(first_types))
+    last = out.hidden_states[-1][:, config.num_task_tokens :]
+    assert (last[:, 1:] - last[:, :1]).abs().amax() > 1e-3
+    model.save_pretrained(tmp_path)
+    reloaded = NeuralInterpreterForSetRegression.from_pretrained(tmp_path).eval()
+    assert reloaded.config.input_position_embedding_placement == "every_loc"
+    torch.testing.assert_close(reloaded(inputs=inputs).predictions, out.predictions)
+    with pytest.raises(ValueError, match="loc_position_embeddings"):
+        model.neural_interpreter(
+            inputs_embeds=torch.randn(2, 4, config.hidden_size), loc_position_embeddings=torch.randn(3, 7)
+        )
 
 
 def test_unknown_preset_names_the_known_ones():

@@ -58,8 +58,14 @@ def _loc(
     return a_out + gate * _mod_lin(p, f"{prefix}.mlp.fc2", hidden, codes)
 
 
-def _function_iteration(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, config) -> torch.Tensor:
-    """Eqs. 2-4 and 8 for x (B, N, d): types, truncated kernel, U streams of LOCs, combination by C."""
+def _function_iteration(
+    p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, config, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Eqs. 2-4 and 8 for x (B, N, d): types, truncated kernel, U streams of LOCs, combination by C.
+
+    positions: the reference's layerwise positional encoding, written into the last rows of every LOC's input in
+    place (its `PositionalEncoding.apply` on the (B, U, N, d) copy that einops 0.3's `repeat` returned).
+    """
     t = _ln(p, f"{prefix}.type_inference.norm", x, config.layer_norm_eps)
     for i in range(config.type_inference_depth):
         t = F.linear(
@@ -75,6 +81,9 @@ def _function_iteration(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor
     c = kernel / (kernel.sum(1, keepdim=True) + config.kernel_eps)  # (B, U, N)
     streams = x[:, None].expand(-1, c.shape[1], -1, -1)
     for layer in range(config.num_loc_layers):
+        if positions is not None:
+            streams = streams.clone()
+            streams[..., -positions.shape[0] :, :] += positions
         streams = _loc(p, f"{prefix}.locs.{layer}", streams, p[f"{prefix}.codes"], c, config)
     y = torch.einsum("bun,bund->bnd", c, streams)
     return x + y if config.outer_residual else y
@@ -84,12 +93,15 @@ def reference_layout_forward(model: NeuralInterpreterForSetRegression, inputs: t
     config = model.config
     p = dict(model.named_parameters())
     entities = F.linear(inputs[..., None], p["input_projection.weight"], p["input_projection.bias"])
-    entities = entities + p["input_position_embeddings"]
+    every_loc = config.input_position_embedding_placement == "every_loc"
+    positions = p["input_position_embeddings"] if every_loc else None
+    if not every_loc:  # the reference's pre_positional_encoding
+        entities = entities + p["input_position_embeddings"]
     cls = p["neural_interpreter.task_tokens"][None].expand(inputs.shape[0], -1, -1)
     x = torch.cat([cls, entities], dim=1)
     for s, iterations in enumerate(config.iterations_per_script):
         for _ in range(iterations):
-            x = _function_iteration(p, f"neural_interpreter.scripts.{s}", x, config)
+            x = _function_iteration(p, f"neural_interpreter.scripts.{s}", x, config, positions)
     y = _ln(p, "regressor.norm", x[:, : cls.shape[1]], config.layer_norm_eps)
     return F.linear(y, p["regressor.linear.weight"], p["regressor.linear.bias"]).squeeze(-1)
 
@@ -119,11 +131,16 @@ CONFIGS = {
         outer_residual=True,
     ),
 }
+# The same two with the positions re-added inside every LOC (the reference's layerwise positional encoding).
+CONFIGS |= {
+    f"{name}_positions_every_loc": dict(kwargs, input_position_embedding_placement="every_loc")
+    for name, kwargs in CONFIGS.items()
+}
 
 
 def _model(name: str, implementation: str) -> NeuralInterpreterForSetRegression:
     torch.manual_seed(0)
-    if name == "fuzzy_boolean_preset":
+    if name.startswith("fuzzy_boolean_preset"):
         config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", **CONFIGS[name])
     else:
         config = NeuralInterpreterConfig(**CONFIGS[name])

@@ -10,6 +10,9 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+# Where the learned positions of set inputs enter: once at the input, or inside every LOC (the reference's default).
+POSITION_PLACEMENTS = ("input", "every_loc")
+
 # Appendix tables of the paper, as settled in SPEC.md.
 PAPER_PRESETS: dict[str, dict[str, Any]] = {
     "digits": dict(
@@ -108,6 +111,10 @@ class NeuralInterpreterConfig(PretrainedConfig):
         input_position_embedding_std: std of the normal init of those inputs' learned positional embeddings:
             1.0, `torch.randn` as the reference's set ("entities") inputs; GPT-2, which the paper cites for
             learned positions, uses 0.02 (with it our fuzzy-Boolean type-inference row fell 0.007-0.022 short).
+        input_position_embedding_placement: where those positions enter. "input" adds them once to the input
+            set. "every_loc" re-adds them inside every LOC, to the stream before its LayerNorm (so the LOC's
+            residual carries them on), and type inference sees the set without them: the reference's default
+            for set inputs (`layerwise_positional_encoding=True`, `pre_positional_encoding=False`).
         hidden_dropout_prob / attention_probs_dropout_prob: dropout on LOC outputs / attention weights.
         initializer_range: std of the truncated-normal init of Linear weights; None keeps PyTorch's
             default Linear init (as the reference implementation does).
@@ -147,6 +154,7 @@ class NeuralInterpreterConfig(PretrainedConfig):
         default_task: int = 0,
         num_input_variables: int = 5,
         input_position_embedding_std: float = 1.0,
+        input_position_embedding_placement: str = "input",
         hidden_dropout_prob: float = 0.0,
         attention_probs_dropout_prob: float = 0.0,
         initializer_range: float | None = None,
@@ -182,6 +190,7 @@ class NeuralInterpreterConfig(PretrainedConfig):
         self.default_task = default_task
         self.num_input_variables = num_input_variables
         self.input_position_embedding_std = input_position_embedding_std
+        self.input_position_embedding_placement = input_position_embedding_placement
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
         self.initializer_range = initializer_range
@@ -270,6 +279,11 @@ class NeuralInterpreterConfig(PretrainedConfig):
         if self.input_position_embedding_std < 0:
             raise ValueError(
                 f"`input_position_embedding_std` must be >= 0, got {self.input_position_embedding_std}."
+            )
+        if self.input_position_embedding_placement not in POSITION_PLACEMENTS:
+            raise ValueError(
+                f"`input_position_embedding_placement` must be one of {POSITION_PLACEMENTS}, got "
+                f"{self.input_position_embedding_placement!r}."
             )
         if self.kernel_eps < 0 or self.attention_eps < 0:
             raise ValueError("`kernel_eps` and `attention_eps` must be >= 0.")

@@ -1156,16 +1156,21 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         position_biases: torch.Tensor | None = None,
         function_mask: torch.Tensor | None = None,
+        loc_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One function iteration (Eq. 8): y_i = sum_u C_ui LOC_stack_u(x)_i. Returns (y, C (U,B,N), types).
 
         position_biases: from `position_biases` (patch inputs), or None (a set without positions).
+        loc_positions: (N, d) absolute positions added to the stream before every LOC (zero rows for the task
+            tokens), or None; type inference and the outer residual see x without them, as in the reference.
         """
         types = self.type_inference(hidden_states)
         compatibilities = self.compatibilities(types, function_mask)
         streams = hidden_states  # every stream starts from the same x: kept unexpanded for the first LOC
         for i, loc in enumerate(self.locs):
             bias = None if position_biases is None else position_biases[i]
+            if loc_positions is not None:
+                streams = streams + loc_positions
             # The last LOC forms sum_u C_ui LOC_u(x)_i itself, which spares keeping the streams for dL/dC.
             streams = loc(streams, compatibilities, self.codes, bias, combine=i == len(self.locs) - 1)
         output = streams
@@ -1366,12 +1371,15 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         num_function_iterations: int | Sequence[int] | None = None,
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
         return_dict: bool | None = None,
+        loc_position_embeddings: torch.Tensor | None = None,
     ) -> NeuralInterpreterModelOutput | tuple:
         r"""Run the scripts on the input set with the task tokens prepended.
 
         Args:
             pixel_values: images (B, C, H, W) or patches (B, num_patches, patch_dim) from the image processor.
             inputs_embeds: a set of vectors (B, N_in, d), used as is (no patch embedding, no positions).
+            loc_position_embeddings: (N_in, d) positions of the input elements, added to the stream inside every
+                LOC (`input_position_embedding_placement="every_loc"`); the task tokens get none.
             output_hidden_states: return the set after every function iteration.
             output_routing: return the compatibilities C (B, U, N) and types of every function iteration.
             num_function_iterations: run this many iterations per script (int or one per script) instead of the
@@ -1397,6 +1405,14 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 f"`num_function_iterations` must be a non-negative int or one per script ({c.num_scripts}), got {iterations}."
             )
         function_masks = self._function_masks(disabled_functions, hidden.device)
+        loc_positions = None
+        if loc_position_embeddings is not None:
+            if loc_position_embeddings.shape != embeddings.shape[1:]:
+                raise ValueError(
+                    f"`loc_position_embeddings` must have shape {tuple(embeddings.shape[1:])} (one row per input "
+                    f"element), got {tuple(loc_position_embeddings.shape)}."
+                )
+            loc_positions = F.pad(loc_position_embeddings.to(hidden.dtype), (0, 0, num_prefix, 0))
 
         all_hidden = (hidden,) if output_hidden_states else None
         all_compat = () if output_routing else None
@@ -1404,7 +1420,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         for script, n_iter, mask in zip(self.scripts, iterations, function_masks, strict=True):
             biases = script.position_biases(num_prefix) if is_patch_grid and n_iter > 0 else None
             for _ in range(n_iter):
-                hidden, compat, types = script(hidden, biases, mask)
+                hidden, compat, types = script(hidden, biases, mask, loc_positions)
                 if output_hidden_states:
                     all_hidden += (hidden,)
                 if output_routing:
@@ -1577,9 +1593,13 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
             shape = None if inputs is None else tuple(inputs.shape)
             raise ValueError(f"`inputs` must have shape (batch, {c.num_input_variables}), got {shape}.")
         dtype = self.input_projection.weight.dtype
-        embeds = self.input_projection(inputs.to(dtype).unsqueeze(-1)) + self.input_position_embeddings
+        embeds = self.input_projection(inputs.to(dtype).unsqueeze(-1))
+        every_loc = c.input_position_embedding_placement == "every_loc"
+        if not every_loc:
+            embeds = embeds + self.input_position_embeddings
         outputs = self.neural_interpreter(
             inputs_embeds=embeds,
+            loc_position_embeddings=self.input_position_embeddings if every_loc else None,
             output_hidden_states=output_hidden_states,
             output_routing=output_routing,
             num_function_iterations=num_function_iterations,
