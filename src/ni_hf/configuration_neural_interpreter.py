@@ -114,7 +114,8 @@ class NeuralInterpreterConfig(PretrainedConfig):
         input_position_embedding_placement: where those positions enter. "input" adds them once to the input
             set. "every_loc" re-adds them inside every LOC, to the stream before its LayerNorm (so the LOC's
             residual carries them on), and type inference sees the set without them: the reference's default
-            for set inputs (`layerwise_positional_encoding=True`, `pre_positional_encoding=False`).
+            for set inputs (`layerwise_positional_encoding=True`, `pre_positional_encoding=False`). Set
+            inputs only: the image classifier refuses "every_loc" (its patches carry relative positions).
         hidden_dropout_prob / attention_probs_dropout_prob: dropout on LOC outputs / attention weights.
         initializer_range: std of the truncated-normal init of Linear weights; None keeps PyTorch's
             default Linear init (as the reference implementation does).

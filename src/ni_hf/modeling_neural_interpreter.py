@@ -1475,6 +1475,14 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
     """Multi-task image classifier: each sample's task id picks its CLS token output and its head."""
 
     def __init__(self, config: NeuralInterpreterConfig) -> None:
+        if config.input_position_embedding_placement != "input":
+            # Patches carry no absolute positions to re-add: an image model places them through the relative
+            # positional bias, so "every_loc" would silently change nothing.
+            raise ValueError(
+                "`input_position_embedding_placement` must be 'input' for image classification, got "
+                f"{config.input_position_embedding_placement!r}: 'every_loc' re-adds the learned positions of set "
+                "inputs (NeuralInterpreterForSetRegression); patch positions come from `use_relative_positional_bias`."
+            )
         super().__init__(config)
         self.num_labels = config.num_labels
         self.neural_interpreter = NeuralInterpreterModel(config)
