@@ -884,7 +884,9 @@ def test_positions_every_loc_are_hidden_from_the_first_type_inference_but_reach_
 def test_image_classifier_refuses_every_loc_positions_it_could_not_apply(tester):
     """Patches carry no learned absolute positions, so "every_loc" would change nothing: a clear error instead."""
     with pytest.raises(ValueError, match="use_relative_positional_bias"):
-        NeuralInterpreterForImageClassification(tester.get_config(input_position_embedding_placement="every_loc"))
+        NeuralInterpreterForImageClassification(
+            tester.get_config(input_position_embedding_placement="every_loc")
+        )
 
 
 def test_unknown_preset_names_the_known_ones():
