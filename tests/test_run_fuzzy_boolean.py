@@ -383,3 +383,33 @@ def test_kept_pretraining_tokens_stay_in_the_set_and_only_the_new_tasks_are_scor
             script.r2_per_function(predictions[:, 20:], y), entry["r2_per_function"], rtol=1e-4, atol=1e-6
         )
     assert results["adaptation"]["cls_tokens"]["trainable_parameters"]["task_tokens"] == 10 * tokens.shape[1]
+
+
+def test_one_task_per_sample_trains_each_sample_on_one_drawn_function(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """--one_task_per_sample: the training loss is the MSE of one drawn function per sample; evaluation scores all."""
+    config = NeuralInterpreterConfig.from_paper(
+        "fuzzy_boolean", hidden_size=16, code_dim=16, attention_head_size=8, type_inference_hidden_size=16,
+        task_names=["a", "b", "c"],
+    )  # fmt: skip
+    model = NeuralInterpreterForSetRegression(config)
+    x, y = torch.rand(8, 5), torch.rand(8, 3)
+    dataset = script.TensorBatchDataset(x, y)
+    args = script.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    trainer, _ = script.make_trainer(model, args, dataset, dataset, 1e-3, one_task_per_sample=True)
+    assert isinstance(trainer, script.SetRegressionTrainer)
+    batch = {"inputs": x, "labels": y}
+    model.train()
+    torch.manual_seed(3)
+    loss = trainer.compute_loss(model, batch)
+    torch.manual_seed(3)
+    tasks = torch.randint(3, (8,))
+    with torch.no_grad():
+        predictions = model(inputs=x).predictions
+    expected = ((predictions[torch.arange(8), tasks] - y[torch.arange(8), tasks]) ** 2).mean()
+    torch.testing.assert_close(loss.detach(), expected)
+    assert not torch.allclose(loss.detach(), ((predictions - y) ** 2).mean())
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(trainer.compute_loss(model, batch), ((predictions - y) ** 2).mean())
