@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import math
@@ -612,10 +613,12 @@ def make_trainer(
     ``one_task_per_sample``: train each sample on one drawn task (``SetRegressionTrainer``).
     """
     timer = StepTimer()
-    custom_loss = new_tasks_only or one_task_per_sample
-    extra = {"one_task_per_sample": one_task_per_sample} if custom_loss else {}
-    trainer = (SetRegressionTrainer if custom_loss else Trainer)(
-        **extra,
+    # The model's own loss (all tasks) unless the loss must pick tasks.
+    if new_tasks_only or one_task_per_sample:
+        trainer_cls = functools.partial(SetRegressionTrainer, one_task_per_sample=one_task_per_sample)
+    else:
+        trainer_cls = Trainer
+    trainer = trainer_cls(
         model=model,
         args=args,
         data_collator=batch_collator,
