@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # The GPU measurements of benchmarks/README.md in one go, each step under its own time limit.
 #
-#   bash benchmarks/gpu_suite.sh OUT_DIR [tests|fp32|bf16|compile|graphs|all]
+#   bash benchmarks/gpu_suite.sh OUT_DIR [PART[,PART...]|all]  PART: diagnose tests train fp32 bf16 compile graphs profile
 #
 # Writes OUT_DIR/<step>.json per step, appends the Markdown reports to OUT_DIR/reports.md and the progress logs to
-# OUT_DIR/suite.log, and prints each report.
-# "tests": tests/test_compile.py and the model tests; "fp32", "bf16": float32 and bf16 autocast without compile (all
-# three models; bf16 with the routing density); "compile": bf16 + torch.compile (inductor, default mode);
-# "graphs": bf16 + torch.compile(mode="reduce-overhead"), i.e. CUDA graphs.
+# OUT_DIR/suite.log, and prints each report. Parts run in the order above, whatever the order asked.
+# "diagnose": benchmarks/diagnose_compile.py (which execution departs from the CPU float32 logits), to suite.log;
+# "tests": $TESTS (default: tests/test_compile.py and the model tests);
+# "train": examples/run_digits.py end to end (Trainer, data loading, RandAugment on the GPU, bf16, torch.compile)
+#   for $TRAIN_STEPS steps (default 2000) on the Parquet data under $GPU_DATA (default .gpu/data; skipped when
+#   absent), log in OUT_DIR/train.log, the trained model in OUT_DIR/model (the last checkpoint if the time ran out);
+# "fp32", "bf16": float32 and bf16 autocast without compile (all three models; bf16 with the routing density);
+# "compile": bf16 + torch.compile (inductor, default mode);
+# "graphs": bf16 + torch.compile(mode="reduce-overhead"), i.e. CUDA graphs, for $GRAPH_MODELS (default: ni-sdpa
+#   ni-eager vit);
+# "profile": benchmarks/profile_gpu.py (kernel time per step and the heaviest kernels), appended to reports.md.
 set -u
 out=${1:?usage: gpu_suite.sh OUT_DIR [tests|fp32|bf16|compile|graphs|all]}
 part=${2:-all}
@@ -28,15 +35,39 @@ step() { # step NAME SECONDS ARGS... : one benchmark run under `timeout`
     [ $rc -eq 0 ] || { echo "!! $name exited with $rc; last log lines:"; tail -n 15 "$out/suite.log"; }
 }
 
-want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
+want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 
+if want diagnose; then
+    echo "== diagnose ($(date -u +%H:%M:%S), limit ${DIAGNOSE_LIMIT:-300}s)"
+    timeout "${DIAGNOSE_LIMIT:-300}" "$python" benchmarks/diagnose_compile.py 2>>"$out/suite.log" | tee -a "$out/suite.log"
+fi
 if want tests; then
     echo "== tests ($(date -u +%H:%M:%S))"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
     "$python" -c "import torch, transformers, ni_hf; print('torch', torch.__version__, '| transformers', transformers.__version__)"
     xdist=$("$python" -c "import xdist" 2>/dev/null && echo "-n 8")
-    timeout 240 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_compile.py \
-        tests/test_modeling_neural_interpreter.py 2>&1 | tee -a "$out/suite.log" | tail -n 15
+    # shellcheck disable=SC2086
+    timeout "${TESTS_LIMIT:-240}" "$python" -m pytest -q -p no:cacheprovider $xdist \
+        ${TESTS:-tests/test_compile.py tests/test_modeling_neural_interpreter.py} 2>&1 | tee -a "$out/suite.log" | tail -n 15
+fi
+data=${GPU_DATA:-.gpu/data}
+if want train && [ -d "$data" ]; then
+    steps=${TRAIN_STEPS:-2000}
+    echo "== train ($(date -u +%H:%M:%S), $steps steps on $data, limit ${TRAIN_LIMIT:-300}s)"
+    rm -rf /tmp/ni_train
+    timeout "${TRAIN_LIMIT:-300}" "$python" -u examples/run_digits.py --data_dir "$data" --output_dir /tmp/ni_train \
+        --max_steps "$steps" --bf16 true --torch_compile true --dataloader_num_workers 8 --dataloader_drop_last true \
+        --eval_strategy no --do_eval false --save_strategy steps --save_steps 500 --save_total_limit 1 \
+        --logging_steps 100 --report_to none >"$out/train.log" 2>&1
+    echo "   exit $? at $(date -u +%H:%M:%S)"
+    tr '\r' '\n' <"$out/train.log" | grep -E "it/s\]|s/it\]" | tail -n 3
+    grep -o "{'train_runtime[^}]*}" "$out/train.log"
+    trained=/tmp/ni_train
+    [ -f $trained/model.safetensors ] || trained=$(ls -d /tmp/ni_train/checkpoint-* 2>/dev/null | sort -V | tail -n 1)
+    if [ -n "$trained" ]; then
+        mkdir -p "$out/model"
+        cp "$trained"/{config.json,model.safetensors,preprocessor_config.json} "$out/model/" && echo "   model from $trained"
+    fi
 fi
 want fp32 && step cuda_fp32_eager 150 --dtype float32 --models ni-sdpa ni-eager vit --no-density
 want bf16 && step cuda_bf16_eager 150 --dtype bfloat16 --models ni-sdpa ni-eager vit
@@ -44,6 +75,12 @@ if want compile; then
     step cuda_bf16_compile 300 --dtype bfloat16 --compile --models ni-sdpa vit --no-density
 fi
 if want graphs; then
-    step cuda_bf16_cudagraphs 300 --dtype bfloat16 --cuda-graphs --models ni-sdpa vit --no-density
+    # shellcheck disable=SC2086
+    step cuda_bf16_cudagraphs "${GRAPHS_LIMIT:-300}" --dtype bfloat16 --cuda-graphs --models ${GRAPH_MODELS:-ni-sdpa ni-eager vit} \
+        --no-density
+fi
+if want profile; then
+    echo "== profile ($(date -u +%H:%M:%S), limit ${PROFILE_LIMIT:-120}s)"
+    timeout "${PROFILE_LIMIT:-120}" "$python" benchmarks/profile_gpu.py --top 30 2>>"$out/suite.log" | tee -a "$out/reports.md"
 fi
 echo "== done ($(date -u +%H:%M:%S))"

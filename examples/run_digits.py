@@ -738,6 +738,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"distributed {training_args.parallel_mode.value}, mixed precision "
         f"{'bf16' if training_args.bf16 else 'fp16' if training_args.fp16 else 'no'}"
     )
+    if training_args.device.type == "cuda" and (training_args.bf16 or training_args.torch_compile):
+        logger.warning(
+            "On an H200 with torch 2.11 (2026-11-26), bf16 torch.compile gave logits up to 1.1 away from eager's; "
+            "float32 eager is the GPU execution verified against the CPU. `python benchmarks/diagnose_compile.py "
+            "--device cuda` says which execution departs from float32 on this machine (benchmarks/RESULTS.md)."
+        )
     repo_id = training_args.hub_model_id or Path(training_args.output_dir).absolute().name
     if push_to_hub:
         from huggingface_hub.constants import HF_HUB_OFFLINE

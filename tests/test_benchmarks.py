@@ -343,3 +343,38 @@ def test_keeping_h_a_removes_its_recomputation_from_the_training_flops() -> None
     assert before["training_gflop_per_image"] - now["training_gflop_per_image"] == pytest.approx(
         h_a, rel=1e-3
     )
+
+
+def test_diagnosis_finds_every_eager_execution_on_cpu_close_to_float32(capsys: pytest.CaptureFixture) -> None:
+    module = load_script(REPO / "benchmarks" / "diagnose_compile.py", "ni_diagnose_compile")
+    results = module.main(["--device", "cpu", "--skip-compile"])
+    assert set(results) == {f"{a} {p} eager" for a in ("sdpa", "eager") for p in ("fp32", "bf16")}
+    assert results["sdpa fp32 eager"] < 1e-5 and results["eager fp32 eager"] < 1e-5
+    assert (
+        0 < results["sdpa bf16 eager"] < 0.05 and 0 < results["eager bf16 eager"] < 0.05
+    )  # bf16 rounding only
+    assert "reference: CPU float32" in capsys.readouterr().out
+
+
+def test_checkpoint_report_gives_accuracy_and_routing_density_per_task(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    from ni_hf import (
+        NeuralInterpreterConfig,
+        NeuralInterpreterForImageClassification,
+        NeuralInterpreterImageProcessor,
+    )
+
+    config = NeuralInterpreterConfig.from_paper(
+        "digits", num_function_iterations=2, task_names=["mnist", "mnistm"]
+    )
+    NeuralInterpreterForImageClassification(config).save_pretrained(tmp_path / "model")
+    processor = NeuralInterpreterImageProcessor(size={"height": 32, "width": 32}, patch_size=4)
+    processor.save_pretrained(tmp_path / "model")
+    module = load_script(REPO / "benchmarks" / "checkpoint_report.py", "ni_checkpoint_report")
+    out = tmp_path / "report.json"
+    report = module.main([str(tmp_path / "model"), "--data-dir", str(data_dir), "--output-json", str(out)])
+    assert list(report) == ["mnist", "mnistm"] and json.loads(out.read_text()) == report
+    for task in report.values():
+        assert task["num_images"] == 3 and task["accuracy"] in (0, 1 / 3, 2 / 3, 1)
+        assert len(task["density_per_iteration"]) == 2 and 0 < task["density_mean"] <= 1

@@ -174,7 +174,9 @@ class _GatedModLin(torch.autograd.Function):
         inputs = F.gelu(x) if gelu else x
         y = apply_function_weights(inputs, weight, None if bias is None else bias.expand(num_functions, -1))
         ctx.save_for_backward(x, weight, bias, gate)
-        return y.mul_(gate)
+        # Not in place while compiling: torch 2.11's tracing of a custom Function mishandles an output written
+        # in place (wrong gradients, see `_AttentionOutput`); the compiler fuses the product anyway.
+        return y * gate if torch.compiler.is_compiling() else y.mul_(gate)
 
     @staticmethod
     def backward(ctx, grad):
@@ -250,8 +252,10 @@ class _AttentionOutput(torch.autograd.Function):
         if bias is not None:
             y.add_(bias.to(y.dtype))
         ctx.save_for_backward(columns, c_key, weight, bias, gate)
-        # x + gate * y in place; under autocast the residual stream keeps x's dtype.
-        if y.dtype != x.dtype:
+        # x + gate * y in place; under autocast the residual stream keeps x's dtype. Not while compiling: torch
+        # 2.11's tracing of a custom Function whose output was written with out= gives wrong gradients upstream
+        # (tests/test_compile.py); the compiler fuses the product and the sum itself.
+        if y.dtype != x.dtype or torch.compiler.is_compiling():
             return torch.addcmul(x, y.to(x.dtype), gate)
         return torch.addcmul(x, y, gate, out=y)
 
