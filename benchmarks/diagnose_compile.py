@@ -9,6 +9,9 @@ CPU in float32 (the reference), then in every execution below on --device, and p
 difference from the reference. An execution that agrees with the reference to bf16 rounding (about 1e-2 here)
 is right; one that is off by O(1) computes another function. On CUDA the "sdpa" rows are repeated with each of
 PyTorch's SDPA back ends forced (math, efficient, flash, cudnn; a back end that refuses these shapes says so).
+Rows marked "plain autograd" run the LOCs without their memory-lean custom autograd Functions
+(`LEAN_CUSTOM_FUNCTIONS = False`: the same function through plain ops), to tell a compiler's handling of those
+Functions apart from the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+import ni_hf.modeling_neural_interpreter as modeling
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
 
 
@@ -82,20 +86,26 @@ def main(argv: list[str] | None = None) -> dict[str, float | None]:
     if device.type == "cuda":
         for backend in ("MATH", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "CUDNN_ATTENTION"):
             runs.append(("sdpa", "bf16", backend))
-    if not args.skip_compile:
-        runs += [("sdpa", "bf16", "inductor"), ("eager", "bf16", "inductor")]
-        runs += [("sdpa", "bf16", "aot_eager"), ("sdpa", "fp32", "inductor")]
+    runs.append(("sdpa", "bf16", "eager, plain autograd"))
+    if not args.skip_compile:  # most telling first: a run that hits the time limit loses the least
+        runs += [("sdpa", "bf16", "inductor"), ("sdpa", "bf16", "inductor, plain autograd")]
+        runs += [("eager", "bf16", "inductor"), ("sdpa", "bf16", "aot_eager"), ("sdpa", "fp32", "inductor")]
     for attention, precision, how in runs:
         model = build_model(attention).to(device)
         bf16 = precision == "bf16"
+        # "plain autograd": the LOCs without their memory-lean custom Functions (same function, plain ops)
+        modeling.LEAN_CUSTOM_FUNCTIONS = not how.endswith("plain autograd")
+        how = how.removesuffix(", plain autograd")
+        suffix = "" if modeling.LEAN_CUSTOM_FUNCTIONS else ", plain autograd"
         if how in ("inductor", "aot_eager"):
             torch._dynamo.reset()
             compiled = torch.compile(model, backend=how, fullgraph=True)
-            report(f"{attention} {precision} torch.compile({how})", compiled, bf16)
+            report(f"{attention} {precision} torch.compile({how}){suffix}", compiled, bf16)
         elif how == "eager":
-            report(f"{attention} {precision} eager", model, bf16)
+            report(f"{attention} {precision} eager{suffix}", model, bf16)
         else:
             report(f"{attention} {precision} eager, SDPA back end {how}", model, bf16, sdpa_backend=how)
+    modeling.LEAN_CUSTOM_FUNCTIONS = True
     return results
 
 

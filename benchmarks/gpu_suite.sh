@@ -38,8 +38,8 @@ step() { # step NAME SECONDS ARGS... : one benchmark run under `timeout`
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 
 if want diagnose; then
-    echo "== diagnose ($(date -u +%H:%M:%S), limit ${DIAGNOSE_LIMIT:-300}s)"
-    timeout "${DIAGNOSE_LIMIT:-300}" "$python" benchmarks/diagnose_compile.py 2>>"$out/suite.log" | tee -a "$out/suite.log"
+    echo "== diagnose ($(date -u +%H:%M:%S), limit ${DIAGNOSE_LIMIT:-420}s)"
+    timeout "${DIAGNOSE_LIMIT:-420}" "$python" benchmarks/diagnose_compile.py 2>>"$out/suite.log" | tee -a "$out/suite.log"
 fi
 if want tests; then
     echo "== tests ($(date -u +%H:%M:%S))"

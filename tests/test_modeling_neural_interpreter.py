@@ -492,6 +492,34 @@ def test_lean_loc_equals_the_plain_composition_in_outputs_and_gradients(tester):
         torch.testing.assert_close(lean_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_switching_off_the_lean_functions_gives_the_same_outputs_and_gradients(tester, monkeypatch):
+    """LEAN_CUSTOM_FUNCTIONS = False (benchmarks/diagnose_compile.py) runs the plain LOC, without dropout too."""
+    import ni_hf.modeling_neural_interpreter as modeling
+
+    config = tester.get_config(truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    inputs = tester.prepare_inputs(config)
+    calls, apply = [], modeling._AttentionOutput.apply
+    monkeypatch.setattr(modeling._AttentionOutput, "apply", lambda *a: calls.append(1) or apply(*a))
+    results = []
+    for lean in (True, False):
+        monkeypatch.setattr(modeling, "LEAN_CUSTOM_FUNCTIONS", lean)
+        calls.clear()
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        assert bool(calls) == lean  # the custom Function runs exactly when the switch is on
+        results.append(
+            (out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        )
+    (lean_logits, lean_grads), (plain_logits, plain_grads) = results
+    torch.testing.assert_close(lean_logits, plain_logits, atol=1e-5, rtol=1e-5)
+    assert lean_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(lean_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("model_class", [NeuralInterpreterModel, NeuralInterpreterForImageClassification])
 def test_eager_and_sdpa_models_agree_on_outputs_and_gradients(tester, model_class):
     config = tester.get_config(truncation_tau=0.9)  # sparse routing: many rejected pairs

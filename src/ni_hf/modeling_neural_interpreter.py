@@ -1006,6 +1006,12 @@ def modulated_attention_sdpa(
 
 ATTENTION_FUNCTIONS = {"eager": modulated_attention_eager, "sdpa": modulated_attention_sdpa}
 
+# Whether a LOC without hidden dropout forms its gated products, Eq. 6's division and the MLP's LayerNorm and GELU
+# inside the memory-lean custom Functions (the default) or with plain autograd ops (as with hidden dropout). Both
+# compute the same function; the switch lets benchmarks/diagnose_compile.py tell a compiler's handling of the
+# custom Functions apart from the rest of the model.
+LEAN_CUSTOM_FUNCTIONS = True
+
 
 class LineOfCode(nn.Module):
     """One LOC (Eqs. 5-7): modulated attention then ModMLP, both gated by C_ui, in U parallel streams."""
@@ -1060,7 +1066,7 @@ class LineOfCode(nn.Module):
         eps = self.config.attention_eps
         # Without hidden dropout, the gated products, Eq. 6's division, the MLP's LayerNorm and its GELU are formed
         # inside custom Functions that keep only their inputs for the backward (cheap elementwise work is redone).
-        lean = not (self.training and self.config.hidden_dropout_prob > 0)
+        lean = LEAN_CUSTOM_FUNCTIONS and not (self.training and self.config.hidden_dropout_prob > 0)
         columns = lean and implementation != "eager"  # the attention hands over A @ [C v, C], not Eq. 6
         if (
             implementation == "sdpa"
