@@ -16,12 +16,12 @@ def _digits_model(**overrides) -> NeuralInterpreterForImageClassification:
     return NeuralInterpreterForImageClassification(config)
 
 
-def _untruncated_digits_model() -> NeuralInterpreterForImageClassification:
+def _untruncated_digits_model(**overrides) -> NeuralInterpreterForImageClassification:
     """For comparing two executions numerically: the kernel's truncation (Eq. 3) jumps from exp(-tau/sigma) to 0,
     so a pair whose distance sits within rounding of tau flips between executions that round differently and
     changes everything downstream of it (seen on an H100 with bf16, and on CPU with torch 2.11's aot_eager).
     tau = 1.99 keeps the same code path but leaves no pair near the threshold."""
-    return _digits_model(truncation_tau=1.99)
+    return _digits_model(truncation_tau=1.99, **overrides)
 
 
 def test_digits_preset_forward_has_no_graph_breaks():
@@ -33,9 +33,17 @@ def test_digits_preset_forward_has_no_graph_breaks():
     assert explanation.graph_count == 1
 
 
-def test_fullgraph_compile_matches_eager_in_outputs_and_gradients():
-    """aot_eager traces forward and backward (the custom Functions included) without needing a C++ compiler."""
-    model = _untruncated_digits_model().train()
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"attn_implementation": "eager", "num_loc_layers": 2}],
+    ids=["digits", "eager-attention-two-locs"],  # the second runs _GatedModLin, which the first does not
+)
+def test_fullgraph_compile_matches_eager_in_outputs_and_gradients(overrides):
+    """aot_eager traces forward and backward (the custom Functions included) without needing a C++ compiler.
+
+    On torch 2.11 this caught custom Functions whose output was written in place or with out=: traced, such an
+    output got no gradient (every upstream gradient wrong), so they return a fresh tensor while compiling."""
+    model = _untruncated_digits_model(**overrides).train()
     inputs = {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([3, 7])}
     results = []
     for fn in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
