@@ -470,26 +470,33 @@ def test_lean_training_keeps_neither_eq6_output_nor_the_streams(tester, hidden_s
     loss.backward()
 
 
+def _logits_and_gradients(
+    model: torch.nn.Module, inputs: dict
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One forward and backward from zeroed gradients: the logits and every parameter's gradient."""
+    model.zero_grad()
+    out = model(**inputs)
+    out.loss.backward()
+    return out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_lean_equals_plain(lean: tuple, plain: tuple) -> None:
+    (lean_logits, lean_grads), (plain_logits, plain_grads) = lean, plain
+    torch.testing.assert_close(lean_logits, plain_logits, atol=1e-5, rtol=1e-5)
+    assert lean_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(lean_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_lean_loc_equals_the_plain_composition_in_outputs_and_gradients(tester):
     """Training with dropout takes the plain LOC (addcmul, nn.LayerNorm, F.gelu); p ~ 0 makes it comparable."""
     config = tester.get_config(hidden_dropout_prob=1e-12, truncation_tau=0.9)
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config)
     inputs = tester.prepare_inputs(config)
-    results = []
-    for train in (False, True):  # eval: the lean Functions; train with dropout > 0: the plain modules
-        model.train(train)
-        model.zero_grad()
-        out = model(**inputs)
-        out.loss.backward()
-        results.append(
-            (out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        )
-    (lean_logits, lean_grads), (plain_logits, plain_grads) = results
-    torch.testing.assert_close(lean_logits, plain_logits, atol=1e-5, rtol=1e-5)
-    assert lean_grads.keys() == plain_grads.keys()
-    for name, grad in plain_grads.items():
-        torch.testing.assert_close(lean_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    # eval: the lean Functions; train with dropout > 0: the plain modules
+    lean = _logits_and_gradients(model.eval(), inputs)
+    _assert_lean_equals_plain(lean, _logits_and_gradients(model.train(), inputs))
 
 
 def test_switching_off_the_lean_functions_gives_the_same_outputs_and_gradients(tester, monkeypatch):
@@ -506,18 +513,9 @@ def test_switching_off_the_lean_functions_gives_the_same_outputs_and_gradients(t
     for lean in (True, False):
         monkeypatch.setattr(modeling, "LEAN_CUSTOM_FUNCTIONS", lean)
         calls.clear()
-        model.zero_grad()
-        out = model(**inputs)
-        out.loss.backward()
+        results.append(_logits_and_gradients(model, inputs))
         assert bool(calls) == lean  # the custom Function runs exactly when the switch is on
-        results.append(
-            (out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        )
-    (lean_logits, lean_grads), (plain_logits, plain_grads) = results
-    torch.testing.assert_close(lean_logits, plain_logits, atol=1e-5, rtol=1e-5)
-    assert lean_grads.keys() == plain_grads.keys()
-    for name, grad in plain_grads.items():
-        torch.testing.assert_close(lean_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    _assert_lean_equals_plain(*results)
 
 
 @pytest.mark.parametrize("model_class", [NeuralInterpreterModel, NeuralInterpreterForImageClassification])
