@@ -16,7 +16,7 @@
 #   ni-eager vit);
 # "profile": benchmarks/profile_gpu.py (kernel time per step and the heaviest kernels), appended to reports.md.
 set -u
-out=${1:?usage: gpu_suite.sh OUT_DIR [tests|fp32|bf16|compile|graphs|all]}
+out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train fp32 bf16 compile graphs profile}
 part=${2:-all}
 mkdir -p "$out"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
