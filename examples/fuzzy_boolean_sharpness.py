@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "train_loss_mean": sum(window) / len(window),
                 "train_loss_max": max(window),
                 "parameter_norm": math.sqrt(sum(float((p.detach() ** 2).sum()) for p in params)),
-                "sigma": [float(script.sigma) for script in model.neural_interpreter.scripts],
+                "sigma": [float(script.sigma.detach()) for script in model.neural_interpreter.scripts],
                 "top_direction_shares": shares,
                 "seconds": time.perf_counter() - start,
             }
