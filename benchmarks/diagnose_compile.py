@@ -77,35 +77,36 @@ def main(argv: list[str] | None = None) -> dict[str, float | None]:
                 f"{name:58s} failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True
             )
 
-    runs: list[
-        tuple[str, str, str]
-    ] = []  # (attention, precision, how: eager / an SDPA back end / a compiler)
+    # (attention, precision, how: "eager", an SDPA back end or a compiler backend, lean custom Functions or plain)
+    runs: list[tuple[str, str, str, bool]] = []
     for attention in ("sdpa", "eager"):
         for precision in ("fp32", "bf16"):
-            runs.append((attention, precision, "eager"))
+            runs.append((attention, precision, "eager", True))
     if device.type == "cuda":
         for backend in ("MATH", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "CUDNN_ATTENTION"):
-            runs.append(("sdpa", "bf16", backend))
-    runs.append(("sdpa", "bf16", "eager, plain autograd"))
+            runs.append(("sdpa", "bf16", backend, True))
+    runs.append(("sdpa", "bf16", "eager", False))
     if not args.skip_compile:  # most telling first: a run that hits the time limit loses the least
-        runs += [("sdpa", "bf16", "inductor"), ("sdpa", "bf16", "inductor, plain autograd")]
-        runs += [("eager", "bf16", "inductor"), ("sdpa", "bf16", "aot_eager"), ("sdpa", "fp32", "inductor")]
-    for attention, precision, how in runs:
-        model = build_model(attention).to(device)
-        bf16 = precision == "bf16"
-        # "plain autograd": the LOCs without their memory-lean custom Functions (same function, plain ops)
-        modeling.LEAN_CUSTOM_FUNCTIONS = not how.endswith("plain autograd")
-        how = how.removesuffix(", plain autograd")
-        suffix = "" if modeling.LEAN_CUSTOM_FUNCTIONS else ", plain autograd"
-        if how in ("inductor", "aot_eager"):
-            torch._dynamo.reset()
-            compiled = torch.compile(model, backend=how, fullgraph=True)
-            report(f"{attention} {precision} torch.compile({how}){suffix}", compiled, bf16)
-        elif how == "eager":
-            report(f"{attention} {precision} eager{suffix}", model, bf16)
-        else:
-            report(f"{attention} {precision} eager, SDPA back end {how}", model, bf16, sdpa_backend=how)
-    modeling.LEAN_CUSTOM_FUNCTIONS = True
+        runs += [("sdpa", "bf16", "inductor", True), ("sdpa", "bf16", "inductor", False)]
+        runs += [("eager", "bf16", "inductor", True), ("sdpa", "bf16", "aot_eager", True)]
+        runs.append(("sdpa", "fp32", "inductor", True))
+    try:
+        for attention, precision, how, lean in runs:
+            model = build_model(attention).to(device)
+            bf16 = precision == "bf16"
+            # lean=False: the LOCs without their memory-lean custom Functions (same function, plain ops)
+            modeling.LEAN_CUSTOM_FUNCTIONS = lean
+            suffix = "" if lean else ", plain autograd"
+            if how in ("inductor", "aot_eager"):
+                torch._dynamo.reset()
+                compiled = torch.compile(model, backend=how, fullgraph=True)
+                report(f"{attention} {precision} torch.compile({how}){suffix}", compiled, bf16)
+            elif how == "eager":
+                report(f"{attention} {precision} eager{suffix}", model, bf16)
+            else:
+                report(f"{attention} {precision} eager, SDPA back end {how}", model, bf16, sdpa_backend=how)
+    finally:
+        modeling.LEAN_CUSTOM_FUNCTIONS = True
     return results
 
 
