@@ -352,9 +352,8 @@ def test_diagnosis_finds_every_eager_execution_on_cpu_close_to_float32(capsys: p
     assert set(results) == expected | {"sdpa bf16 eager, plain autograd"}
     assert results["sdpa bf16 eager, plain autograd"] < 0.05
     assert results["sdpa fp32 eager"] < 1e-5 and results["eager fp32 eager"] < 1e-5
-    assert (
-        0 < results["sdpa bf16 eager"] < 0.05 and 0 < results["eager bf16 eager"] < 0.05
-    )  # bf16 rounding only
+    # bf16 rounding only
+    assert 0 < results["sdpa bf16 eager"] < 0.05 and 0 < results["eager bf16 eager"] < 0.05
     assert "reference: CPU float32" in capsys.readouterr().out
 
 
