@@ -357,6 +357,41 @@ def test_diagnosis_finds_every_eager_execution_on_cpu_close_to_float32(capsys: p
     assert "reference: CPU float32" in capsys.readouterr().out
 
 
+def test_diagnosis_sdpa_layouts_compute_the_model_attention_exactly() -> None:
+    """The candidate workarounds of diagnose_compile.py (materialised bias; keys and value head padded to
+    multiples of 8 with the padded keys masked) give Eq. 6's output and gradients of the SDPA call as built."""
+    import ni_hf.modeling_neural_interpreter as modeling
+
+    module = load_script(REPO / "benchmarks" / "diagnose_compile.py", "ni_diagnose_compile")
+    generator = torch.Generator().manual_seed(0)
+    b, u, h, n, d = 2, 3, 2, 67, 48  # the digits preset's 67 tokens and 48 + 1 value columns
+    inputs = [torch.randn(b, u, h, n, d, generator=generator) for _ in range(3)]
+    compatibilities = torch.rand(u, b, n, generator=generator)
+    bias = torch.randn(u, h, n, n, generator=generator)
+
+    def attention(call: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        leaves = [t.clone().requires_grad_() for t in (*inputs, compatibilities, bias)]
+        with module.sdpa_call(call):
+            out = modeling.modulated_attention_sdpa_kernel(*leaves, scale=d**-0.5, eps=1e-6, dropout=0.0)
+        out.pow(2).sum().backward()
+        return out.detach(), [leaf.grad for leaf in leaves]
+
+    built, built_grads = attention("as built")
+    assert torch.nn.functional.scaled_dot_product_attention is module._SDPA
+    for call in ("mask materialised", "padded to multiples of 8"):
+        out, grads = attention(call)
+        torch.testing.assert_close(out, built, atol=1e-5, rtol=1e-5)
+        for grad, built_grad in zip(grads, built_grads, strict=True):
+            torch.testing.assert_close(grad, built_grad, atol=1e-4, rtol=1e-4)
+    assert torch.nn.functional.scaled_dot_product_attention is module._SDPA  # restored
+
+
+def test_diagnosis_runs_only_the_executions_asked_for() -> None:
+    module = load_script(REPO / "benchmarks" / "diagnose_compile.py", "ni_diagnose_compile")
+    results = module.main(["--device", "cpu", "--runs", "fp32 eager"])
+    assert set(results) == {"sdpa fp32 eager", "eager fp32 eager"}
+
+
 def test_checkpoint_report_gives_accuracy_and_routing_density_per_task(
     data_dir: Path, tmp_path: Path
 ) -> None:
