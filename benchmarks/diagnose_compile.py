@@ -134,10 +134,10 @@ def main(argv: list[str] | None = None) -> dict[str, float | None]:
                 with sdpa_kernel([getattr(SDPBackend, sdpa_backend)]):
                     result = logits(runner, x, bf16)
             diff = results[name] = (result - reference).abs().max().item()
-            print(f"{name:58s} max |diff| {diff:9.5f}   ({time.perf_counter() - start:5.1f} s)", flush=True)
+            print(f"{name:82s} max |diff| {diff:9.5f}   ({time.perf_counter() - start:5.1f} s)", flush=True)
         except Exception as error:  # a back end that refuses the shapes, or a compile failure: say so, go on
             print(
-                f"{name:58s} failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True
+                f"{name:82s} failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True
             )
 
     # (attention, precision, how: "eager", an SDPA back end or a compiler backend, lean custom Functions or plain,
