@@ -116,6 +116,20 @@ def test_pipeline_image_classification_after_import(checkpoint):
     assert abs(result[0]["score"] - float(expected.max())) < 1e-5
 
 
+def test_pipeline_after_import_needs_no_trust_remote_code_and_never_prompts(checkpoint, monkeypatch):
+    path, _, _, logits = checkpoint
+    prompts = []
+
+    def no_input(prompt=""):
+        prompts.append(prompt)
+        raise AssertionError("pipeline() asked on stdin")
+
+    monkeypatch.setattr("builtins.input", no_input)
+    result = pipeline("image-classification", model=str(path))(digit_image(0))
+    assert prompts == []
+    assert result[0]["label"] == str(int(logits[0].argmax()))
+
+
 def test_set_regression_model_saves_and_reloads(tmp_path):
     config = tiny_config(use_relative_positional_bias=False, task_names=["f0", "f1", "f2"], num_labels=1)
     model = ni_hf.NeuralInterpreterForSetRegression(config).eval()

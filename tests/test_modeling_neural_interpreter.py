@@ -676,6 +676,12 @@ def test_set_regression_gradients_reach_every_parameter(tester):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+def enable_activation_checkpointing(model) -> None:
+    """transformers' mechanism under either name: `activation_checkpointing_enable` since 5.23, formerly
+    `gradient_checkpointing_enable` (the only one in the older releases that `pyproject.toml` still accepts)."""
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
 @pytest.mark.parametrize("bilinear", [False, True])
 def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear):
     config = tester.get_config(**({"hidden_size": 8, "attention_head_size": 8} if bilinear else {}))
@@ -684,7 +690,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear):
     model(**inputs).loss.backward()
     reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    model.activation_checkpointing_enable()  # formerly gradient_checkpointing_enable
+    enable_activation_checkpointing(model)
     model(**inputs).loss.backward()
     for n, g in reference.items():
         torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-5)
@@ -708,7 +714,7 @@ def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatc
     with or without activation checkpointing (which redoes forwards inside the backward), match fresh tensors."""
     model, batches = _bilinear_model_and_batches(tester, (3, 2, 3))
     if checkpointing:
-        model.activation_checkpointing_enable()
+        enable_activation_checkpointing(model)
 
     def run() -> list:
         results = []

@@ -31,6 +31,16 @@ AutoModelForImageClassification.register(
     NeuralInterpreterConfig, NeuralInterpreterForImageClassification, exist_ok=True
 )
 AutoImageProcessor.register(NeuralInterpreterConfig, NeuralInterpreterImageProcessor, exist_ok=True)
+# `pipeline()` also looks for a video processor, and transformers infers one from the image processor's `auto_map`
+# (`...NeuralInterpreterVideoProcessor`, which does not exist). With no local entry that lookup asks on stdin
+# whether to run the checkpoint's code; this entry, empty, says there is no video processor, so it fails quietly.
+# (The mapping, not `AutoVideoProcessor.register`: without torchvision `AutoVideoProcessor` is a placeholder.)
+try:
+    from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING
+except ImportError:  # a transformers without video processors has no such lookup
+    VIDEO_PROCESSOR_MAPPING = None
+if VIDEO_PROCESSOR_MAPPING is not None:
+    VIDEO_PROCESSOR_MAPPING.register(NeuralInterpreterConfig, {}, exist_ok=True)
 
 # `save_pretrained` then writes `auto_map` and copies the (flat, relatively imported) code files.
 NeuralInterpreterConfig.register_for_auto_class()
