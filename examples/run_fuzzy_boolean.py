@@ -189,8 +189,8 @@ class FuzzyBooleanArguments:
         default=5e-2,
         metadata={
             "help": "RAdam learning rate of adaptation (paper: 5e-2, constant). At 5e-2 adapting all parameters "
-            "collapsed in every full-protocol run of ours; 1e-2 brought all three settings within 0.01 of the "
-            "paper's Table 1 (a fitted deviation; see examples/README.md)."
+            "collapsed in every full-protocol run of ours pre-trained at batch 128; 1e-2 brought all three settings "
+            "within 0.01 of the paper's Table 1 (a fitted deviation; see examples/README.md)."
         },
     )
     adapt_lr_scheduler_type: str = field(
