@@ -37,10 +37,10 @@ AutoImageProcessor.register(NeuralInterpreterConfig, NeuralInterpreterImageProce
 # (The mapping, not `AutoVideoProcessor.register`: without torchvision `AutoVideoProcessor` is a placeholder.)
 try:
     from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING
-except ImportError:  # a transformers without video processors has no such lookup
-    VIDEO_PROCESSOR_MAPPING = None
-if VIDEO_PROCESSOR_MAPPING is not None:
+
     VIDEO_PROCESSOR_MAPPING.register(NeuralInterpreterConfig, {}, exist_ok=True)
+except ImportError:  # a transformers without video processors has no such lookup
+    pass
 
 # `save_pretrained` then writes `auto_map` and copies the (flat, relatively imported) code files.
 NeuralInterpreterConfig.register_for_auto_class()
