@@ -413,3 +413,45 @@ def test_one_task_per_sample_trains_each_sample_on_one_drawn_function(
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(trainer.compute_loss(model, batch), ((predictions - y) ** 2).mean())
+
+
+def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_own_rate(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """--adapt_pretrained_learning_rate: RAdam steps the CLS tokens at one rate and the adapted pre-trained
+    parameters at another (RAdam's first step is lr x gradient, so each parameter's move shows its rate)."""
+    config = NeuralInterpreterConfig.from_paper(
+        "fuzzy_boolean", hidden_size=16, code_dim=16, attention_head_size=8, type_inference_hidden_size=16,
+        task_names=["a", "b", "c"],
+    )  # fmt: skip
+    model = NeuralInterpreterForSetRegression(config)
+    script.set_adaptation_trainable(model, "type_inference")
+    groups = script.adaptation_param_groups(model, 5e-2, 6e-3)
+    assert [group["lr"] for group in groups] == [5e-2, 6e-3]
+    assert groups[0]["params"] == [model.neural_interpreter.task_tokens]
+    grouped = [id(p) for group in groups for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+    script.set_adaptation_trainable(model, "cls_tokens")
+    assert len(script.adaptation_param_groups(model, 5e-2, 6e-3)) == 1
+
+    script.set_adaptation_trainable(model, "type_inference")
+    x, y = torch.rand(8, 5), torch.rand(8, 3)
+    dataset = script.TensorBatchDataset(x, y)
+    args = script.TrainingArguments(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8, max_steps=1,
+        lr_scheduler_type="constant", max_grad_norm=0.0, save_strategy="no", remove_unused_columns=False,
+    )  # fmt: skip
+    groups = script.adaptation_param_groups(model, 5e-2, 6e-3)
+    trainer, _ = script.make_trainer(model, args, dataset, dataset, 5e-2, param_groups=groups)
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.train()
+    model.zero_grad()
+    trainer.compute_loss(model, {"inputs": x, "labels": y}).backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    trainer.train()
+    assert [group["lr"] for group in trainer.optimizer.param_groups] == [5e-2, 6e-3]
+    for name, param in model.named_parameters():
+        if name in before:
+            rate = 5e-2 if name == "neural_interpreter.task_tokens" else 6e-3
+            torch.testing.assert_close(param.detach(), before[name] - rate * grads[name], msg=name)
