@@ -198,7 +198,8 @@ class FuzzyBooleanArguments:
         default=None,
         metadata={
             "help": "RAdam learning rate of the pre-trained parameters a setting adapts (type-inference parameters, "
-            "signatures and the remaining parameters); the CLS tokens keep --adapt_learning_rate. Tests the reading "
+            "signatures and the remaining parameters); the CLS tokens (with --adapt_keep_pretrain_tokens, the kept ones "
+            "too: they share one tensor) keep --adapt_learning_rate. Tests the reading "
             "of the paper's table in which its fine-tuning rate 5e-2 is the new tokens' and the pre-trained weights "
             "go on at the pre-training rate 6e-3 (a deviation; see examples/README.md). Default: "
             "--adapt_learning_rate for every parameter."
@@ -881,6 +882,11 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         adapt_pretrained_learning_rate=exp.adapt_pretrained_learning_rate,
         adapt_schedule=describe_schedule(exp.adapt_lr_scheduler_type, exp.adapt_warmup),
     )
+    if exp.adapt_pretrained_learning_rate is not None and base_args.weight_decay:
+        raise ValueError(
+            "--adapt_pretrained_learning_rate builds its own RAdam parameter groups without weight decay; "
+            f"--weight_decay {base_args.weight_decay} would be ignored there, so drop one of the two."
+        )
     settings = [] if exp.settings.strip().lower() == "none" else [s.strip() for s in exp.settings.split(",")]
     for s in settings:
         if s not in ADAPTATION_SETTINGS:

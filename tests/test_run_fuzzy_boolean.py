@@ -455,3 +455,9 @@ def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_ow
         if name in before:
             rate = 5e-2 if name == "neural_interpreter.task_tokens" else 6e-3
             torch.testing.assert_close(param.detach(), before[name] - rate * grads[name], msg=name)
+    # Its groups carry no weight decay, so asking for both is refused rather than silently half-done.
+    with pytest.raises(ValueError, match="--weight_decay 0.01 would be ignored"):
+        script.main(
+            ["--protocol", "quick", "--adapt_pretrained_learning_rate", "6e-3", "--weight_decay", "0.01",
+             "--output_dir", str(tmp_path / "refused")]
+        )  # fmt: skip
