@@ -42,7 +42,10 @@ class DrawsArguments:
         default="cls_tokens", metadata={"help": "The adaptation setting to read from each run."}
     )
     simulated_draws: int = field(
-        default=5000, metadata={"help": "Sets of ten random functions in the model."}
+        default=5000,
+        metadata={
+            "help": "Simulated draws of random truth tables (as many functions per draw as the runs have)."
+        },
     )
     variance_points: int = field(
         default=4096,
@@ -71,7 +74,7 @@ def load_run(path: str, setting: str) -> dict[str, Any]:
     ][setting]
 
 
-def test_target_variance(run: dict[str, Any]) -> np.ndarray:
+def target_variance_on_test_split(run: dict[str, Any]) -> np.ndarray:
     """Variance of each new function's targets on the run's own test split (the SST of R^2, divided by n)."""
     args, protocol = run["arguments"], run["protocol"]
     data = make_fuzzy_boolean_tensors(
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             {
                 "adapt_dataset_seed": run["arguments"]["adapt_dataset_seed"],
                 "r2": r2,
-                "variance": test_target_variance(run),
+                "variance": target_variance_on_test_split(run),
             }
         )
         logger.info(
