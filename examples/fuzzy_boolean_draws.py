@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ import numpy as np
 from transformers import HfArgumentParser
 
 from ni_hf.fuzzy_boolean import evaluate_truth_tables, make_fuzzy_boolean_tensors
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_fuzzy_boolean import RESULTS_JSON  # noqa: E402
 
 logger = logging.getLogger("fuzzy_boolean_draws")
 
@@ -59,11 +63,9 @@ def load_run(path: str, setting: str) -> dict[str, Any]:
     """One run's arguments and its per-function R^2 for `setting`."""
     file = Path(path)
     if file.is_dir():
-        file = file / "fuzzy_boolean_results.json"
+        file = file / RESULTS_JSON
     if not file.is_file():
-        raise FileNotFoundError(
-            f"{path}: expected a run folder with fuzzy_boolean_results.json, or that file"
-        )
+        raise FileNotFoundError(f"{path}: expected a run folder with {RESULTS_JSON}, or that file")
     results = json.loads(file.read_text())
     if setting not in results.get("adaptation", {}):
         raise ValueError(
