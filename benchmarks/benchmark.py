@@ -49,7 +49,7 @@ import ni_hf
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
 from ni_hf.cpu_allocator import keep_freed_memory
 from ni_hf.evaluation import routing_density as evaluation_routing_density
-from ni_hf.modeling_neural_interpreter import patchify, release_workspace
+from ni_hf.modeling_neural_interpreter import enable_activation_checkpointing, patchify, release_workspace
 
 MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit")
 """Benchmarked models: our model with SDPA / eager attention, and transformers' ViT baseline."""
@@ -274,12 +274,6 @@ def build_model(key: str, args: argparse.Namespace, attn_implementation: str | N
     return model.to(args.device)
 
 
-def enable_checkpointing(model: nn.Module) -> None:
-    """Activation checkpointing (`activation_checkpointing_enable`, the new name of `gradient_checkpointing_enable`)."""
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    enable()
-
-
 def make_inputs(
     key: str, args: argparse.Namespace, batch_size: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
@@ -392,7 +386,7 @@ def make_variant(key: str, checkpointing: bool, args: argparse.Namespace) -> Var
     """Build the model (compiled if asked), its RAdam optimizer, inputs and a copy of its initial weights."""
     model = build_model(key, args)
     if checkpointing:
-        enable_checkpointing(model)
+        enable_activation_checkpointing(model)
     runner: Callable[..., Any] = model
     if args.compile:
         runner = torch.compile(model, mode=None if args.compile_mode == "default" else args.compile_mode)

@@ -23,6 +23,7 @@ from ni_hf.modeling_neural_interpreter import (
     _GatedModLinSum,
     _NormModLin,
     bilinear_attention_pays,
+    enable_activation_checkpointing,
     modulated_attention_bilinear,
     modulated_attention_eager,
     modulated_attention_matmul,
@@ -674,12 +675,6 @@ def test_set_regression_gradients_reach_every_parameter(tester):
     for name, p in model.named_parameters():
         if name not in unused:
             assert p.grad is not None and p.grad.abs().sum() > 0, name
-
-
-def enable_activation_checkpointing(model) -> None:
-    """transformers' mechanism under either name: `activation_checkpointing_enable` since 5.23, formerly
-    `gradient_checkpointing_enable` (the only one in the older releases that `pyproject.toml` still accepts)."""
-    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
 
 
 @pytest.mark.parametrize("bilinear", [False, True])

@@ -691,6 +691,15 @@ class _KeptBuffers:
 _KEPT = _KeptBuffers()
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Turn on transformers' activation checkpointing under either name of its method.
+
+    `activation_checkpointing_enable` since transformers 5.23 (where `gradient_checkpointing_enable` warns that it is
+    deprecated); the older releases that `pyproject.toml` accepts have only `gradient_checkpointing_enable`.
+    """
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
 def release_workspace() -> None:
     """Free the reused CPU buffers (this thread's `_Workspace`, and the idle ones of `_KeptBuffers`).
 
