@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from transformers import HfArgumentParser
 
-from ni_hf.fuzzy_boolean import evaluate_truth_tables, make_fuzzy_boolean_tensors
+from ni_hf.fuzzy_boolean import evaluate_truth_tables, make_fuzzy_boolean_tensors, sample_functions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_fuzzy_boolean import RESULTS_JSON  # noqa: E402
@@ -95,7 +95,7 @@ def simulated_variances(num_draws: int, num_functions: int, num_points: int, see
     rng = np.random.default_rng(seed)
     out = np.empty((num_draws, num_functions))
     for i in range(num_draws):
-        tables = rng.random((num_functions, 32)) < 0.5
+        tables = np.stack([f.truth_table for f in sample_functions(num_functions, 5, seed=rng)])
         out[i] = evaluate_truth_tables(rng.random((num_points, 5)), tables).var(axis=0)
     return out
 
