@@ -139,6 +139,71 @@ def test_set_regression_model_saves_and_reloads(tmp_path):
     torch.testing.assert_close(loaded(inputs=x).predictions, model(inputs=x).predictions, rtol=0, atol=0)
 
 
+SET_REGRESSION_REMOTE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["ni_hf"] = None  # importing the package must be impossible here
+    import numpy as np, torch
+    from transformers import AutoConfig, AutoModel
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    path = sys.argv[1]
+    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    backbone = AutoModel.from_pretrained(path, trust_remote_code=True)
+    assert type(backbone).__name__ == "NeuralInterpreterModel", type(backbone)
+    (architecture,) = config.architectures
+    head_class = get_class_from_dynamic_module(f"modeling_neural_interpreter.{architecture}", path)
+    model = head_class.from_pretrained(path).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    x = torch.from_numpy(np.load(f"{path}/inputs.npy"))
+    with torch.no_grad():
+        predictions = model(inputs=x).predictions
+    torch.testing.assert_close(predictions, torch.from_numpy(np.load(f"{path}/expected.npy")), rtol=1e-6, atol=1e-6)
+    print("REMOTE_OK", architecture)
+    """
+)
+
+
+def run_without_ni_hf(script: str, path, tmp_path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": "",
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_set_regression_checkpoint_loads_without_ni_hf(tmp_path):
+    """A fuzzy-Boolean checkpoint carries the code: backbone via AutoModel, the head via its dynamic module."""
+    config = tiny_config(use_relative_positional_bias=False, task_names=["f0", "f1", "f2"], num_labels=1)
+    torch.manual_seed(0)
+    model = ni_hf.NeuralInterpreterForSetRegression(config).eval()
+    path = tmp_path / "ckpt"
+    model.save_pretrained(path)
+    saved = json.loads((path / "config.json").read_text())
+    assert saved["architectures"] == ["NeuralInterpreterForSetRegression"]
+    assert saved["auto_map"] == {
+        "AutoConfig": "configuration_neural_interpreter.NeuralInterpreterConfig",
+        "AutoModel": "modeling_neural_interpreter.NeuralInterpreterModel",
+    }
+    assert (path / "modeling_neural_interpreter.py").is_file()
+    x = torch.rand(4, config.num_input_variables)
+    np.save(path / "inputs.npy", x.numpy())
+    with torch.no_grad():
+        np.save(path / "expected.npy", model(inputs=x).predictions.numpy())
+    proc = run_without_ni_hf(SET_REGRESSION_REMOTE_SCRIPT, path, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REMOTE_OK NeuralInterpreterForSetRegression" in proc.stdout
+
+
 REMOTE_SCRIPT = textwrap.dedent(
     """
     import sys
@@ -175,19 +240,6 @@ REMOTE_SCRIPT = textwrap.dedent(
 
 def test_remote_code_loads_in_a_process_that_cannot_import_ni_hf(checkpoint, tmp_path):
     path, *_ = checkpoint
-    env = {
-        **os.environ,
-        "PYTHONPATH": "",
-        "HF_HUB_OFFLINE": "1",
-        "HF_MODULES_CACHE": str(tmp_path / "modules"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", REMOTE_SCRIPT, str(path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_without_ni_hf(REMOTE_SCRIPT, path, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REMOTE_OK []" in proc.stdout

@@ -11,6 +11,7 @@ same computation with two batched matmuls) or "eager" (the literal formula of Eq
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
@@ -1226,11 +1228,21 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
         return loaded
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save as transformers does; a checkpoint with copied code also names the backbone for `AutoModel`."""
+        """Save as transformers does; a checkpoint with copied code also names the backbone for `AutoModel`.
+
+        A head with no Auto class of its own (set regression) copies the code through its backbone, so the
+        checkpoint loads without `ni_hf` too: `AutoModel` gives the backbone, and the head class named in
+        `config.architectures` comes from `transformers.dynamic_module_utils.get_class_from_dynamic_module`.
+        """
+        backbone = getattr(self, self.base_model_prefix, None)
+        is_main_process = kwargs.get("is_main_process", args[0] if args else True)
         if self._auto_class is not None:
             auto_map = dict(getattr(self.config, "auto_map", None) or {})
             auto_map.setdefault("AutoModel", "modeling_neural_interpreter.NeuralInterpreterModel")
             self.config.auto_map = auto_map
+        elif isinstance(backbone, NeuralInterpreterModel) and backbone.is_remote_code() and is_main_process:
+            os.makedirs(save_directory, exist_ok=True)
+            custom_object_save(backbone, save_directory, config=self.config)
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     @torch.no_grad()
