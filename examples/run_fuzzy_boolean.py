@@ -168,7 +168,10 @@ class FuzzyBooleanArguments:
     )
     batch_size: int | None = field(
         default=None,
-        metadata={"help": "Training batch size of both phases; default: protocol's (paper: 128)."},
+        metadata={
+            "help": "Global training batch size of both phases; default: protocol's (paper: 128). With several "
+            "processes (torchrun, accelerate launch) each takes an equal share, so the protocol stays the paper's."
+        },
     )
     pretrain_epochs: float | None = field(
         default=None, metadata={"help": "Pre-training epochs; default: protocol's (paper: 20)."}
@@ -770,11 +773,13 @@ def results_markdown(results: dict[str, Any]) -> str:
         if sizes.get("adapt_pretrained_learning_rate") is not None
         else ""
     )
+    world_size = sizes.get("world_size", 1)
+    processes = f" ({world_size} processes x {sizes['per_device_batch_size']})" if world_size > 1 else ""
     lines = [
         f"## Fuzzy Boolean results ({sizes['protocol']} protocol)",
         "",
         f"{sizes['points_per_function']} points per function (test fraction {sizes['test_fraction']}), batch "
-        f"{sizes['batch_size']}, {pretraining}, "
+        f"{sizes['batch_size']}{processes}, {pretraining}, "
         f"adaptation {sizes['adapt_steps_desc']}; RAdam {sizes['pretrain_learning_rate']} / "
         f"{sizes['adapt_learning_rate']}{pretrained_rate}, {sizes['adapt_schedule']}. R^2 = 1 - SSE/SST per function on its test split; mean ± "
         "population std over the functions.",
@@ -821,7 +826,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     ]
     if timing.get("trainer_step", {}).get("median_s") and timing.get("bare_step", {}).get("median_s"):
         lines.append(
-            f"Pre-training step (batch {sizes['batch_size']}): Trainer loop {timing['trainer_step']['median_s']:.3f} s "
+            f"Pre-training step (batch {sizes.get('per_device_batch_size', sizes['batch_size'])} per process): Trainer loop {timing['trainer_step']['median_s']:.3f} s "
             f"(median), bare forward+backward+step {timing['bare_step']['median_s']:.3f} s; DataLoader "
             f"{1e3 * timing['dataloader_batch_s']:.2f} ms per batch."
         )
@@ -865,6 +870,17 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
     )
+    # Under torchrun / accelerate launch only the main process tells the story; the others warn.
+    logger.setLevel(logging.INFO if base_args.should_log else logging.WARNING)
+    is_main_process = base_args.process_index == 0
+    world_size = base_args.world_size
+    logger.warning(
+        "Process %d of world size %d: device %s, distributed %s",
+        base_args.process_index,
+        world_size,
+        base_args.device,
+        base_args.parallel_mode.value,
+    )
     if exp.num_threads > 0:
         torch.set_num_threads(exp.num_threads)
     if exp.keep_freed_memory and base_args.device.type == "cpu":
@@ -875,7 +891,15 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             "--config_overrides changes the pre-trained model; with --pretrained_model the checkpoint's config is "
             "used, so drop one of the two."
         )
+    if sizes["batch_size"] % world_size:
+        raise ValueError(
+            f"--batch_size {sizes['batch_size']} is the global batch of the protocol; it must be divisible by the "
+            f"number of processes ({world_size}) so that each process takes an equal share."
+        )
+    per_device_batch = sizes["batch_size"] // world_size
     sizes.update(
+        world_size=world_size,
+        per_device_batch_size=per_device_batch,
         test_fraction=exp.test_fraction,
         pretrain_learning_rate=exp.pretrain_learning_rate,
         adapt_learning_rate=exp.adapt_learning_rate,
@@ -939,10 +963,12 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         base_args,
         pretrain_dir,
         exp.pretrain_learning_rate,
-        sizes["batch_size"],
+        per_device_batch,
         sizes["pretrain_epochs"],
         sizes["pretrain_max_steps"],
     )
+    if world_size > 1:
+        logger.info("Global batch %d = %d processes x %d", sizes["batch_size"], world_size, per_device_batch)
     if exp.pretrained_model:
         logger.info("Loading the pre-trained model from %s (pre-training skipped)", exp.pretrained_model)
         model = NeuralInterpreterForSetRegression.from_pretrained(exp.pretrained_model)
@@ -991,9 +1017,10 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         trainer.save_model(str(pretrain_dir))
         timing["trainer_step"] = timer.summary()
         overhead_steps = sizes["overhead_steps"]
-        if overhead_steps > 0:
+        if overhead_steps > 0 and is_main_process:
             # Same model, batch size and optimizer as the Trainer loop, on a copy of the trained model.
-            batch = datasets["pretrain"]["train"].__getitems__(list(range(sizes["batch_size"])))
+            # One process's batch: under DDP the difference to the Trainer step includes the gradient all-reduce.
+            batch = datasets["pretrain"]["train"].__getitems__(list(range(per_device_batch)))
             optimizer_cls, optimizer_kwargs = radam(pre_args, exp.pretrain_learning_rate)
             timing["bare_step"] = bare_step_time(
                 model, batch, optimizer_cls, optimizer_kwargs, overhead_steps
@@ -1004,9 +1031,9 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
                 timing["trainer_overhead_s"] = full - bare
                 timing["trainer_overhead_fraction"] = (full - bare) / full
             logger.info(
-                "Step time at batch %d: Trainer loop median %.4f s; bare forward+backward+RAdam step median %.4f s "
-                "(%d steps); DataLoader fetch %.3f ms/batch",
-                sizes["batch_size"],
+                "Step time at batch %d per process: Trainer loop median %.4f s; bare forward+backward+RAdam step "
+                "median %.4f s (%d steps); DataLoader fetch %.3f ms/batch",
+                per_device_batch,
                 full or float("nan"),
                 bare,
                 overhead_steps,
@@ -1106,7 +1133,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             base_args,
             output_dir / f"adapt-{setting}",
             exp.adapt_learning_rate,
-            sizes["batch_size"],
+            per_device_batch,
             sizes["adapt_epochs"],
             adapt_steps,
             exp.adapt_lr_scheduler_type,
@@ -1159,6 +1186,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     results["timing"] = timing
     results["environment"] = environment()
     results["wall_time_s"] = time.perf_counter() - start_time
+    if not is_main_process:
+        return results
     (output_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2) + "\n")
     markdown = results_markdown(results)
     (output_dir / RESULTS_MD).write_text(markdown)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -461,3 +465,73 @@ def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_ow
             ["--protocol", "quick", "--adapt_pretrained_learning_rate", "6e-3", "--weight_decay", "0.01",
              "--output_dir", str(tmp_path / "refused")]
         )  # fmt: skip
+
+
+# --- several processes ----------------------------------------------------------------------------------
+
+
+def _torchrun(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf_home")}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+    ]
+    command += ["--master_port", str(port), str(SCRIPT), "--use_cpu", "true", "--disable_tqdm", "true", *args]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_two_processes_keep_the_protocol_global_batch_and_write_results_once(tmp_path: Path) -> None:
+    """torchrun, 2 CPU ranks: each takes half of the batch (same steps per epoch), R^2 counts each point once."""
+    output_dir = tmp_path / "ddp"
+    args = [
+        "--protocol",
+        "quick",
+        "--pretrain_max_steps",
+        "0",
+        "--pretrain_epochs",
+        "1",
+        "--output_dir",
+        str(output_dir),
+    ]
+    proc = _torchrun(args, tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "Process 0 of world size 2" in log and "Process 1 of world size 2" in log
+    assert log.count("Results written to") == 1  # only the main process tells the story
+    results = json.loads((output_dir / "fuzzy_boolean_results.json").read_text())
+    protocol = results["protocol"]
+    assert (protocol["world_size"], protocol["batch_size"], protocol["per_device_batch_size"]) == (2, 32, 16)
+    assert (
+        results["pretraining"]["train_steps"] == 256 // 32
+    )  # one epoch of the global batch, as on one process
+    assert "batch 32 (2 processes x 16)" in (output_dir / "fuzzy_boolean_results.md").read_text()
+    # The R^2 gathered from both ranks is the R^2 of the saved model on the whole test split.
+    model = NeuralInterpreterForSetRegression.from_pretrained(str(output_dir / "pretrain")).eval()
+    x, y = make_fuzzy_boolean_tensors(points_per_function=320, seed=0)["pretrain"]["test"]
+    with torch.no_grad():
+        predictions = model(inputs=x).predictions
+    np.testing.assert_allclose(
+        _load_script().r2_per_function(predictions, y),
+        results["pretraining"]["r2_per_function"],
+        rtol=1e-4,
+        atol=1e-6,
+    )
+    for setting in SETTINGS:
+        assert results["adaptation"][setting]["train_steps"] == 2
+        assert (output_dir / f"adapt-{setting}" / "model.safetensors").is_file()
+
+
+def test_a_global_batch_that_the_processes_cannot_share_is_refused(tmp_path: Path) -> None:
+    proc = _torchrun(
+        ["--protocol", "quick", "--batch_size", "31", "--output_dir", str(tmp_path / "odd")], tmp_path
+    )
+    assert proc.returncode != 0
+    assert "--batch_size 31 is the global batch" in proc.stdout + proc.stderr
