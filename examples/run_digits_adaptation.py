@@ -1,0 +1,595 @@
+#!/usr/bin/env python
+"""The adaptation studies of the paper (section 4.2, Figure 4 and 5) for a Neural Interpreter pre-trained on digits.
+
+Starting from a checkpoint written by ``examples/run_digits.py`` (a local folder or a Hub repo):
+
+- ``fast_adaptation`` (Figure 4a): fine-tune on N samples of a new dataset (K-MNIST in the paper, unaugmented) with a
+  fresh CLS token and head, RAdam at a constant 0.05, batch 128, 10 epochs, several seeds (a seed also draws the N
+  samples); test accuracy on the new dataset against N.
+- ``reinitialized_functions`` (Figure 5): the same, after the function codes and signatures were drawn anew, so
+  whatever the functions learned in pre-training is destroyed; the gap to ``fast_adaptation`` is what is reused.
+- ``capacity_extension`` (Figure 4b): add k new functions to every script, then train only the function codes and
+  signatures (and the new dataset's CLS token and head, which a new dataset needs) on 8,192 samples for 10 epochs;
+  test accuracy against the number of functions. The paper used Shampoo here; this script uses RAdam.
+- ``dropped_functions`` (Figure 4c): no training; the accuracy on the pre-training datasets when k functions per
+  script, drawn at random, are removed at test time (their compatibilities forced to 0 before normalisation).
+
+Results go to ``<output_dir>/adaptation_results.json`` and ``adaptation_results.md``. Quick check (offline):
+
+    python examples/run_digits_adaptation.py --model_name_or_path runs/sklearn-digits --new_task mnist \
+        --dataset_source local --data_dir ../shared/data --num_train_samples 128 512 --output_dir runs/adapt
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import json
+import logging
+import math
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+import transformers
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
+
+from ni_hf import NeuralInterpreterForImageClassification, NeuralInterpreterImageProcessor
+from ni_hf.digits_data import SKLEARN_TASK, SOURCES, canonical_task_name, load_task_split
+
+logger = logging.getLogger(__name__)
+
+STUDIES = ("fast_adaptation", "reinitialized_functions", "capacity_extension", "dropped_functions")
+RESULTS_JSON = "adaptation_results.json"
+RESULTS_MD = "adaptation_results.md"
+
+
+@dataclass
+class AdaptationArguments:
+    """What to adapt, to what, and which studies to run."""
+
+    model_name_or_path: str = field(
+        metadata={
+            "help": "A Neural Interpreter digits checkpoint: an output_dir of run_digits.py or a Hub repo id."
+        }
+    )
+    studies: str = field(
+        default=",".join(STUDIES),
+        metadata={"help": f"Comma-separated studies to run, some of {list(STUDIES)}."},
+    )
+    new_task: str = field(
+        default="kmnist",
+        metadata={
+            "help": "The new dataset to adapt to (paper: K-MNIST, 'kmnist'; also 'fashion_mnist', 'mnist')."
+        },
+    )
+    dataset_source: str = field(
+        default="hub",
+        metadata={
+            "help": f"Where the data comes from, one of {list(SOURCES)}: the Hub (default), 'local' Parquet "
+            "folders (--data_dir) or 'sklearn' (scikit-learn's 8x8 digits, offline). The same source serves the "
+            "new dataset and, for dropped_functions, the pre-training datasets."
+        },
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={"help": "With --dataset_source local: folder holding <task>/train.parquet, ..."},
+    )
+    num_train_samples: list[int] = field(
+        default_factory=lambda: [128, 512, 2048, 8192],
+        metadata={
+            "help": "fast_adaptation / reinitialized_functions: training set sizes N of the new dataset."
+        },
+    )
+    adaptation_seeds: list[int] = field(
+        default_factory=lambda: [0, 1, 2, 3, 4, 5],
+        metadata={
+            "help": "Seeds of every adaptation run (paper: 6); a seed draws the N samples, the new CLS "
+            "token and head, the re-drawn functions and the data order."
+        },
+    )
+    adapt_epochs: float = field(default=10.0, metadata={"help": "Fine-tuning epochs (paper: 10)."})
+    adapt_learning_rate: float = field(
+        default=0.05,
+        metadata={"help": "RAdam learning rate, constant (paper: 0.05 for the Neural Interpreter)."},
+    )
+    batch_size: int = field(
+        default=128,
+        metadata={"help": "Global training batch size (paper: 128); split evenly over the processes."},
+    )
+    capacity_new_functions: list[int] = field(
+        default_factory=lambda: [0, 1, 2, 3],
+        metadata={"help": "capacity_extension: numbers k of functions added to every script."},
+    )
+    capacity_train_samples: int = field(
+        default=8192,
+        metadata={"help": "capacity_extension: training samples of the new dataset (paper: 8192)."},
+    )
+    capacity_learning_rate: float = field(
+        default=0.05,
+        metadata={
+            "help": "capacity_extension: RAdam learning rate (the paper grid-searched it, with Shampoo)."
+        },
+    )
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate on at most this many test samples per dataset (a seeded subset; default all)."
+        },
+    )
+    dropped_draws: int = field(
+        default=10,
+        metadata={
+            "help": "dropped_functions: random draws of the dropped functions for each k; when there are at most "
+            "this many possible choices, each of them once instead."
+        },
+    )
+    eval_batch_size: int = field(default=256, metadata={"help": "Batch size of the evaluation loops."})
+
+
+@dataclass
+class AdaptationTrainingArguments(TrainingArguments):
+    """TrainingArguments for the fine-tuning runs; the script sets learning rate, epochs and batch size per study."""
+
+    save_strategy: str = field(default="no", metadata={"help": "Checkpoints of the many short runs: none."})
+    logging_steps: float = field(
+        default=50, metadata={"help": "Log the training loss every this many steps."}
+    )
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata={"help": "Must stay false: the images are preprocessed by a dataset transform."},
+    )
+    dataloader_pin_memory: bool = field(
+        default=torch.cuda.is_available(),
+        metadata={"help": "Pin batches in memory (only useful with a GPU)."},
+    )
+    disable_tqdm: bool | None = field(
+        default=True, metadata={"help": "The Trainer's own bar per run (off: the studies show one bar each)."}
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------------
+
+
+def make_transform(processor: NeuralInterpreterImageProcessor, task_id: int):
+    """Dataset transform: PIL images -> normalised (3, 32, 32) arrays, labels and the task id of the dataset."""
+
+    def transform(batch: dict[str, list[Any]]) -> dict[str, Any]:
+        pixel_values = processor(images=batch["image"], do_patchify=False)["pixel_values"]
+        return {
+            "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
+            "labels": [int(label) for label in batch["label"]],
+            "task_ids": [task_id] * len(batch["label"]),
+        }
+
+    return transform
+
+
+def num_classes(dataset: datasets.Dataset) -> int:
+    """Classes of a dataset's ``label`` column (its ClassLabel, else the largest label + 1)."""
+    feature = dataset.features["label"]
+    if isinstance(feature, datasets.ClassLabel):
+        return feature.num_classes
+    return int(max(dataset["label"])) + 1
+
+
+def subset(dataset: datasets.Dataset, size: int, seed: int) -> datasets.Dataset:
+    """A seeded random subset of ``size`` rows; asking for more rows than there are is an error."""
+    if size > len(dataset):
+        raise ValueError(f"Asked for {size} training samples, but the dataset has only {len(dataset)}.")
+    return dataset.select(np.random.default_rng(seed).permutation(len(dataset))[:size])
+
+
+# --------------------------------------------------------------------------------------------------------
+# Model preparation
+# --------------------------------------------------------------------------------------------------------
+
+
+def prepare_model(
+    path: str,
+    task_name: str,
+    num_labels: int,
+    seed: int,
+    reinitialize_functions: bool = False,
+    new_functions: int = 0,
+    functions_only: bool = False,
+) -> NeuralInterpreterForImageClassification:
+    """The pre-trained model with a fresh CLS token and head for the new dataset, ready for one study's run.
+
+    ``reinitialize_functions``: draw every function's code and signature anew, N(0, 1) as at initialisation.
+    ``new_functions``: capacity extension, k functions appended to every script.
+    ``functions_only``: train only codes, signatures, the CLS token and the head (signatures unfrozen).
+    """
+    set_seed(seed)
+    model = load_pretrained(path)
+    # The new CLS token and head first, so that every variant of a seed starts from the same ones.
+    model.reset_tasks([task_name], num_labels=num_labels)
+    backbone = model.neural_interpreter
+    generator = torch.Generator().manual_seed(seed + 1)
+    if reinitialize_functions:
+        with torch.no_grad():
+            for script in backbone.scripts:
+                for param in (script.signatures, script.codes):
+                    param.copy_(torch.randn(param.shape, generator=generator))
+    if new_functions:
+        backbone.add_functions(new_functions)
+    if functions_only:
+        model.config.freeze_signatures = model.config.freeze_codes = False
+        for name, param in model.named_parameters():
+            param.requires_grad_(
+                name.endswith((".signatures", ".codes"))
+                or "task_tokens" in name
+                or name.startswith("classifier.")
+            )
+    return model
+
+
+def load_pretrained(path: str) -> NeuralInterpreterForImageClassification:
+    """``from_pretrained`` without its progress bar: a study loads the checkpoint once per run."""
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        return NeuralInterpreterForImageClassification.from_pretrained(path)
+    finally:
+        transformers.utils.logging.enable_progress_bar()
+
+
+def trainable_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Training and evaluation
+# --------------------------------------------------------------------------------------------------------
+
+
+def finetune(
+    model: NeuralInterpreterForImageClassification,
+    train: datasets.Dataset,
+    base: AdaptationTrainingArguments,
+    exp: AdaptationArguments,
+    learning_rate: float,
+    seed: int,
+    output_dir: Path,
+) -> dict[str, Any]:
+    """Fine-tune with RAdam at a constant rate for ``exp.adapt_epochs``; returns steps, loss and time."""
+    world_size = base.world_size
+    args = dataclasses.replace(
+        base,
+        output_dir=str(output_dir),
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        num_train_epochs=exp.adapt_epochs,
+        max_steps=-1,
+        per_device_train_batch_size=exp.batch_size // world_size,
+        seed=seed,
+        data_seed=seed,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        optimizer_cls_and_kwargs=(
+            torch.optim.RAdam,
+            {"lr": learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon},
+        ),
+    )
+    output = trainer.train()
+    return {
+        "train_steps": output.global_step,
+        "train_runtime_s": output.metrics.get("train_runtime"),
+        "final_train_loss": output.training_loss,
+    }
+
+
+@torch.no_grad()
+def accuracy(
+    model: NeuralInterpreterForImageClassification,
+    tests: list[datasets.Dataset],
+    task_names: list[str],
+    batch_size: int,
+    disabled_functions: dict[int, list[int]] | None = None,
+) -> dict[str, float]:
+    """Test accuracy overall and per task (``accuracy_<task>``), optionally with some functions dropped."""
+    model.eval()
+    device = next(model.parameters()).device
+    correct = np.zeros(len(task_names))
+    count = np.zeros(len(task_names))
+    batches = ((test, start) for test in tests for start in range(0, len(test), batch_size))
+    for test, start in batches:
+        batch = test[start : start + batch_size]
+        pixel_values = torch.from_numpy(np.stack(batch["pixel_values"])).to(device)
+        task_ids = torch.tensor(batch["task_ids"], device=device)
+        labels = torch.tensor(batch["labels"], device=device)
+        logits = model(
+            pixel_values=pixel_values, task_ids=task_ids, disabled_functions=disabled_functions
+        ).logits
+        hits = (logits.argmax(-1) == labels).cpu().numpy()
+        ids = task_ids.cpu().numpy()
+        np.add.at(correct, ids, hits)
+        np.add.at(count, ids, 1)
+    results = {"accuracy": float(correct.sum() / max(count.sum(), 1))}
+    for i, name in enumerate(task_names):
+        results[f"accuracy_{name}"] = float(correct[i] / count[i]) if count[i] else math.nan
+    return results
+
+
+def summarize(values: list[float]) -> dict[str, Any]:
+    return {
+        "values": values,
+        "mean": float(np.mean(values)),
+        "std": float(np.std(values)),
+        "runs": len(values),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------
+# Studies
+# --------------------------------------------------------------------------------------------------------
+
+
+def run_adaptation_study(
+    exp: AdaptationArguments,
+    base: AdaptationTrainingArguments,
+    train: datasets.Dataset,
+    test: datasets.Dataset,
+    task_name: str,
+    labels: int,
+    reinitialize: bool,
+) -> dict[str, Any]:
+    """fast_adaptation (reinitialize=False) or reinitialized_functions: accuracy per N over the seeds."""
+    name = "reinitialized_functions" if reinitialize else "fast_adaptation"
+    out: dict[str, Any] = {}
+    runs = [(n, seed) for n in exp.num_train_samples for seed in exp.adaptation_seeds]
+    for n, seed in tqdm(runs, desc=name, disable=not base.should_log):
+        model = prepare_model(
+            exp.model_name_or_path, task_name, labels, seed, reinitialize_functions=reinitialize
+        )
+        info = finetune(
+            model,
+            subset(train, n, seed),
+            base,
+            exp,
+            exp.adapt_learning_rate,
+            seed,
+            Path(base.output_dir) / name,
+        )
+        acc = accuracy(model, [test], [task_name], exp.eval_batch_size)["accuracy"]
+        entry = out.setdefault(str(n), {"accuracy": [], "details": []})
+        entry["accuracy"].append(acc)
+        entry["details"].append({"seed": seed, **info, "trainable_parameters": trainable_parameters(model)})
+        logger.info("%s: N=%d seed %d: %d steps, test accuracy %.4f", name, n, seed, info["train_steps"], acc)
+    for entry in out.values():
+        entry.update(summarize(entry.pop("accuracy")))
+    return out
+
+
+def run_capacity_extension(
+    exp: AdaptationArguments,
+    base: AdaptationTrainingArguments,
+    train: datasets.Dataset,
+    test: datasets.Dataset,
+    task_name: str,
+    labels: int,
+) -> dict[str, Any]:
+    """Accuracy on the new dataset with k functions added, only codes / signatures / CLS token / head trained."""
+    out: dict[str, Any] = {}
+    runs = [(k, seed) for k in exp.capacity_new_functions for seed in exp.adaptation_seeds]
+    for k, seed in tqdm(runs, desc="capacity_extension", disable=not base.should_log):
+        model = prepare_model(
+            exp.model_name_or_path, task_name, labels, seed, new_functions=k, functions_only=True
+        )
+        info = finetune(
+            model,
+            subset(train, exp.capacity_train_samples, seed),
+            base,
+            exp,
+            exp.capacity_learning_rate,
+            seed,
+            Path(base.output_dir) / "capacity_extension",
+        )
+        acc = accuracy(model, [test], [task_name], exp.eval_batch_size)["accuracy"]
+        entry = out.setdefault(
+            str(model.config.num_functions), {"new_functions": k, "accuracy": [], "details": []}
+        )
+        entry["accuracy"].append(acc)
+        entry["details"].append({"seed": seed, **info, "trainable_parameters": trainable_parameters(model)})
+        logger.info(
+            "capacity_extension: %d functions (+%d) seed %d: test accuracy %.4f",
+            model.config.num_functions,
+            k,
+            seed,
+            acc,
+        )
+    for entry in out.values():
+        entry.update(summarize(entry.pop("accuracy")))
+    return out
+
+
+def run_dropped_functions(
+    exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, show_progress: bool = True
+) -> dict[str, Any]:
+    """Accuracy on the pre-training datasets with k random functions per script dropped at test time."""
+    model = load_pretrained(exp.model_name_or_path)
+    task_names = list(model.config.task_names)
+    # scikit-learn's digits exist only there; every other pre-training dataset comes from --dataset_source.
+    sources = {name: "sklearn" if name == SKLEARN_TASK else exp.dataset_source for name in task_names}
+    tests = [
+        load_task_split(
+            name, "test", sources[name], exp.data_dir, max_samples=exp.max_eval_samples
+        ).with_transform(make_transform(processor, task_id=i))
+        for i, name in enumerate(task_names)
+    ]
+    logger.info("Pre-training datasets %s: %s test images", task_names, [len(t) for t in tests])
+    num_functions, num_scripts = model.config.num_functions, model.config.num_scripts
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {}
+    for k in tqdm(range(num_functions), desc="dropped_functions", disable=not show_progress):
+        subsets = list(itertools.combinations(range(num_functions), k))
+        if len(subsets) ** num_scripts <= exp.dropped_draws:
+            # Few enough choices: every one of them once, rather than random draws that repeat some.
+            choices = [dict(enumerate(c)) for c in itertools.product(subsets, repeat=num_scripts)]
+        else:
+            choices = [
+                {s: tuple(rng.choice(num_functions, k, replace=False)) for s in range(num_scripts)}
+                for _ in range(exp.dropped_draws)
+            ]
+        results = []
+        for choice in choices:
+            dropped = {s: sorted(int(u) for u in functions) for s, functions in choice.items()}
+            results.append(
+                (dropped, accuracy(model, tests, task_names, exp.eval_batch_size, dropped if k else None))
+            )
+        entry: dict[str, Any] = {"draws": [d for d, _ in results]}
+        for key in results[0][1]:
+            entry[key] = summarize([r[key] for _, r in results])
+        out[str(k)] = entry
+        logger.info(
+            "dropped_functions: %d of %d dropped: accuracy %.4f", k, num_functions, entry["accuracy"]["mean"]
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------------
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """The studies' tables (mean ± std over seeds or draws)."""
+    lines = [f"## Adaptation studies of {results['model']} (new dataset: {results['new_task']})", ""]
+    fmt = lambda s: f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f} ({s['runs']})"  # noqa: E731
+    fast, reinit = results.get("fast_adaptation"), results.get("reinitialized_functions")
+    if fast or reinit:
+        lines += [
+            f"Fine-tuning all parameters for {results['arguments']['adapt_epochs']:g} epochs, RAdam "
+            f"{results['arguments']['adapt_learning_rate']:g}; test accuracy (%) on {results['new_task']}, mean ± "
+            "std (runs) over seeds.",
+            "",
+            "| training samples | pre-trained functions | re-drawn functions |",
+            "|---|---|---|",
+        ]
+        sizes = sorted({int(n) for study in (fast or {}, reinit or {}) for n in study})
+        for n in sizes:
+            cells = [fmt(s[str(n)]) if s and str(n) in s else "" for s in (fast, reinit)]
+            lines.append(f"| {n} | {cells[0]} | {cells[1]} |")
+        lines.append("")
+    if results.get("capacity_extension"):
+        lines += [
+            f"Capacity extension: codes, signatures, CLS token and head trained on "
+            f"{results['arguments']['capacity_train_samples']} samples, RAdam "
+            f"{results['arguments']['capacity_learning_rate']:g}; test accuracy (%) on {results['new_task']}.",
+            "",
+            "| functions per script | added | accuracy |",
+            "|---|---|---|",
+        ]
+        for u, entry in sorted(results["capacity_extension"].items(), key=lambda item: int(item[0])):
+            lines.append(f"| {u} | {entry['new_functions']} | {fmt(entry)} |")
+        lines.append("")
+    if results.get("dropped_functions"):
+        dropped = results["dropped_functions"]
+        tasks = [key.removeprefix("accuracy_") for key in dropped["0"] if key.startswith("accuracy_")]
+        lines += [
+            "Dropped functions: test accuracy (%) on the pre-training datasets, mean ± std (draws).",
+            "",
+            "| functions dropped per script | all | " + " | ".join(tasks) + " |",
+            "|---" * (len(tasks) + 2) + "|",
+        ]
+        for k, entry in dropped.items():
+            cells = [fmt(entry["accuracy"])] + [fmt(entry[f"accuracy_{t}"]) for t in tasks]
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def environment(base: TrainingArguments) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "device": str(base.device),
+        "world_size": base.world_size,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[AdaptationArguments, AdaptationTrainingArguments]:
+    parser = HfArgumentParser((AdaptationArguments, AdaptationTrainingArguments))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the requested studies; write and return the results."""
+    exp, base = parse_args(argv)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
+    )
+    logger.setLevel(logging.INFO if base.should_log else logging.WARNING)
+    studies = [s.strip() for s in exp.studies.split(",") if s.strip()]
+    unknown = [s for s in studies if s not in STUDIES]
+    if unknown or not studies:
+        raise ValueError(f"--studies: unknown {unknown or 'none given'}; expected some of {list(STUDIES)}.")
+    if exp.batch_size % base.world_size:
+        raise ValueError(
+            f"--batch_size {exp.batch_size} is the global batch; it must be divisible by the number of processes "
+            f"({base.world_size})."
+        )
+    output_dir = Path(base.output_dir)
+    processor = NeuralInterpreterImageProcessor()
+    results: dict[str, Any] = {
+        "model": exp.model_name_or_path,
+        "new_task": canonical_task_name(exp.new_task),
+        "arguments": dataclasses.asdict(exp),
+    }
+    training_studies = [s for s in studies if s != "dropped_functions"]
+    if training_studies:
+        train_raw = load_task_split(exp.new_task, "train", exp.dataset_source, exp.data_dir)
+        test_raw = load_task_split(
+            exp.new_task, "test", exp.dataset_source, exp.data_dir, max_samples=exp.max_eval_samples
+        )
+        labels = num_classes(train_raw)
+        task_name = results["new_task"]
+        train = train_raw.with_transform(make_transform(processor, task_id=0))
+        test = test_raw.with_transform(make_transform(processor, task_id=0))
+        logger.info(
+            "New dataset %s (%s): %d training images available, %d test images, %d classes",
+            task_name,
+            exp.dataset_source,
+            len(train),
+            len(test),
+            labels,
+        )
+        for study in training_studies:
+            if study == "capacity_extension":
+                results[study] = run_capacity_extension(exp, base, train, test, task_name, labels)
+            else:
+                results[study] = run_adaptation_study(
+                    exp, base, train, test, task_name, labels, reinitialize=study == "reinitialized_functions"
+                )
+    if "dropped_functions" in studies:
+        results["dropped_functions"] = run_dropped_functions(exp, processor, show_progress=base.should_log)
+    results["environment"] = environment(base)
+    if base.process_index != 0:
+        return results
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2) + "\n")
+    markdown = results_markdown(results)
+    (output_dir / RESULTS_MD).write_text(markdown)
+    print(markdown)
+    logger.info("Results written to %s and %s", output_dir / RESULTS_JSON, output_dir / RESULTS_MD)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""examples/run_digits_adaptation.py: the paper's adaptation studies on a tiny checkpoint and scikit-learn's digits."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import datasets
+import pytest
+import torch
+from _scripts import load_script
+
+import ni_hf
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "run_digits_adaptation.py"
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    return load_script(SCRIPT, "run_digits_adaptation")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny (untrained) digits classifier on scikit-learn's digits, saved as run_digits.py saves it."""
+    config = ni_hf.NeuralInterpreterConfig(
+        hidden_size=16,
+        code_dim=8,
+        num_function_iterations=2,
+        num_functions=3,
+        num_attention_heads=2,
+        attention_head_size=4,
+        type_inference_hidden_size=8,
+        type_dim=4,
+        patch_size=8,
+        task_names=["sklearn_digits"],
+        num_labels=10,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("pretrained")
+    ni_hf.NeuralInterpreterForImageClassification(config).save_pretrained(path)
+    return path
+
+
+def test_all_studies_run_and_write_their_results(
+    script: ModuleType, checkpoint: Path, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "studies"
+    args = [
+        "--model_name_or_path",
+        str(checkpoint),
+        "--new_task",
+        "sklearn_digits",
+        "--dataset_source",
+        "sklearn",
+    ]
+    args += ["--num_train_samples", "32", "64", "--adaptation_seeds", "0", "1", "--adapt_epochs", "1"]
+    args += ["--batch_size", "32", "--capacity_new_functions", "0", "2", "--capacity_train_samples", "32"]
+    args += ["--dropped_draws", "2", "--max_eval_samples", "40", "--output_dir", str(output_dir)]
+    results = script.main(args)
+    saved = json.loads((output_dir / "adaptation_results.json").read_text())
+    assert saved["fast_adaptation"] == results["fast_adaptation"]
+    for study in ("fast_adaptation", "reinitialized_functions"):
+        for n, steps in (("32", 1), ("64", 2)):  # one epoch of the batch of 32
+            entry = saved[study][n]
+            assert entry["runs"] == 2 and [r["seed"] for r in entry["details"]] == [0, 1]
+            assert all(r["train_steps"] == steps for r in entry["details"])
+            assert all(0.0 <= v <= 1.0 for v in entry["values"]) and math.isclose(
+                entry["mean"], sum(entry["values"]) / 2
+            )
+    # Capacity extension: 3 functions as trained, 5 with two added; far fewer trainable parameters than 'all'.
+    capacity = saved["capacity_extension"]
+    assert sorted(capacity) == ["3", "5"] and capacity["5"]["new_functions"] == 2
+    all_params = saved["fast_adaptation"]["32"]["details"][0]["trainable_parameters"]
+    assert capacity["3"]["details"][0]["trainable_parameters"] < all_params / 4
+    # Dropped functions: k = 0, 1, 2 of 3, k functions per draw, the undisturbed model once.
+    dropped = saved["dropped_functions"]
+    assert sorted(dropped) == ["0", "1", "2"] and dropped["0"]["accuracy"]["runs"] == 1
+    assert all(len(d["0"]) == 2 for d in dropped["2"]["draws"]) and dropped["2"]["accuracy"]["runs"] == 2
+    assert dropped["1"]["accuracy_sklearn_digits"] == dropped["1"]["accuracy"]
+    table = (output_dir / "adaptation_results.md").read_text()
+    assert "| 64 |" in table and "| 5 | 2 |" in table and "functions dropped per script" in table
+
+
+def test_reinitialized_functions_redraw_only_codes_and_signatures(
+    script: ModuleType, checkpoint: Path
+) -> None:
+    kept = script.prepare_model(str(checkpoint), "new", 10, seed=0)
+    redrawn = script.prepare_model(str(checkpoint), "new", 10, seed=0, reinitialize_functions=True)
+    for (name, a), (_, b) in zip(kept.named_parameters(), redrawn.named_parameters(), strict=True):
+        changed = not torch.equal(a, b)
+        assert changed == name.endswith((".codes", ".signatures")), name
+
+
+def test_capacity_extension_trains_only_codes_signatures_cls_token_and_head(
+    script: ModuleType, checkpoint: Path
+) -> None:
+    model = script.prepare_model(str(checkpoint), "new", 10, seed=0, new_functions=2, functions_only=True)
+    assert model.config.num_functions == 5 and not model.config.freeze_signatures
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(
+        name.endswith((".codes", ".signatures")) or "task_tokens" in name or name.startswith("classifier.")
+        for name in trainable
+    )
+    assert any(name.endswith(".signatures") for name in trainable)  # the preset freezes them in pre-training
+
+
+def test_bad_requests_name_what_was_expected(script: ModuleType, checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        script.main(
+            ["--model_name_or_path", str(checkpoint), "--studies", "nope", "--output_dir", str(tmp_path)]
+        )
+    with pytest.raises(ValueError, match="only 5"):
+        script.subset(datasets.Dataset.from_dict({"a": list(range(5))}), 6, seed=0)
+
+
+def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) -> None:
+    """torchrun, 2 CPU ranks: the same steps per epoch as one process; only the main process writes results."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    output_dir = tmp_path / "ddp"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+    ]
+    command += ["--master_port", str(port), str(SCRIPT), "--use_cpu", "true", "--studies", "fast_adaptation"]
+    command += [
+        "--model_name_or_path",
+        str(checkpoint),
+        "--new_task",
+        "sklearn_digits",
+        "--dataset_source",
+        "sklearn",
+    ]
+    command += [
+        "--num_train_samples",
+        "64",
+        "--adaptation_seeds",
+        "0",
+        "--adapt_epochs",
+        "1",
+        "--batch_size",
+        "32",
+    ]
+    command += ["--max_eval_samples", "40", "--output_dir", str(output_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert log.count("Results written to") == 1
+    saved = json.loads((output_dir / "adaptation_results.json").read_text())
+    assert saved["environment"]["world_size"] == 2
+    assert saved["fast_adaptation"]["64"]["details"][0]["train_steps"] == 2  # 64 samples / global batch 32
+
+
+def test_dropped_functions_tries_every_choice_when_there_are_few(
+    script: ModuleType, checkpoint: Path, tmp_path: Path
+) -> None:
+    args = ["--model_name_or_path", str(checkpoint), "--studies", "dropped_functions", "--dataset_source"]
+    args += ["sklearn", "--dropped_draws", "10", "--max_eval_samples", "40", "--output_dir", str(tmp_path)]
+    dropped = script.main(args)["dropped_functions"]
+    assert [d[0] for d in dropped["1"]["draws"]] == [[0], [1], [2]]
+    assert [d[0] for d in dropped["2"]["draws"]] == [[0, 1], [0, 2], [1, 2]]
+    # Dropping nothing is the plain forward pass of the checkpoint on the processed test images.
+    model = ni_hf.NeuralInterpreterForImageClassification.from_pretrained(str(checkpoint)).eval()
+    test = script.load_task_split("sklearn_digits", "test", "sklearn", max_samples=40)
+    batch = ni_hf.NeuralInterpreterImageProcessor()(
+        images=list(test["image"]), do_patchify=False, return_tensors="pt"
+    )
+    with torch.no_grad():
+        predictions = model(**batch, task_ids=torch.zeros(len(test), dtype=torch.long)).logits.argmax(-1)
+    expected = (predictions == torch.tensor(list(test["label"]))).float().mean().item()
+    assert dropped["0"]["accuracy"]["values"] == [pytest.approx(expected)]
