@@ -48,6 +48,11 @@ from ni_hf.digits_data import SKLEARN_TASK, SOURCES, canonical_task_name, load_t
 logger = logging.getLogger(__name__)
 
 STUDIES = ("fast_adaptation", "reinitialized_functions", "capacity_extension", "dropped_functions")
+KEY_NAMES = {
+    "fast_adaptation": "training samples",
+    "reinitialized_functions": "training samples",
+    "capacity_extension": "functions per script",
+}
 RESULTS_JSON = "adaptation_results.json"
 RESULTS_MD = "adaptation_results.md"
 
@@ -338,6 +343,47 @@ def summarize(values: list[float]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------------
 
 
+def finetune_and_record(
+    out: dict[str, Any],
+    key: str,
+    model: NeuralInterpreterForImageClassification,
+    train: datasets.Dataset,
+    test: datasets.Dataset,
+    task_name: str,
+    learning_rate: float,
+    seed: int,
+    study: str,
+    exp: AdaptationArguments,
+    base: AdaptationTrainingArguments,
+    **extra: Any,
+) -> float:
+    """One run of a study: fine-tune, test, and add its accuracy and details to ``out[key]``."""
+    info = finetune(model, train, base, exp, learning_rate, seed, Path(base.output_dir) / study)
+    acc = accuracy(model, [test], [task_name], exp.eval_batch_size)["accuracy"]
+    entry = out.setdefault(key, {**extra, "accuracy": [], "details": []})
+    entry["accuracy"].append(acc)
+    entry["details"].append({"seed": seed, **info, "trainable_parameters": trainable_parameters(model)})
+    what = "".join(f", {name.replace('_', ' ')} {value}" for name, value in extra.items())
+    logger.info(
+        "%s: %s %s%s, seed %d: %d steps, test accuracy %.4f",
+        study,
+        KEY_NAMES[study],
+        key,
+        what,
+        seed,
+        info["train_steps"],
+        acc,
+    )
+    return acc
+
+
+def summarize_runs(out: dict[str, Any]) -> dict[str, Any]:
+    """Replace every entry's accuracies by their mean, std and count (the values kept)."""
+    for entry in out.values():
+        entry.update(summarize(entry.pop("accuracy")))
+    return out
+
+
 def run_adaptation_study(
     exp: AdaptationArguments,
     base: AdaptationTrainingArguments,
@@ -348,30 +394,27 @@ def run_adaptation_study(
     reinitialize: bool,
 ) -> dict[str, Any]:
     """fast_adaptation (reinitialize=False) or reinitialized_functions: accuracy per N over the seeds."""
-    name = "reinitialized_functions" if reinitialize else "fast_adaptation"
+    study = "reinitialized_functions" if reinitialize else "fast_adaptation"
     out: dict[str, Any] = {}
     runs = [(n, seed) for n in exp.num_train_samples for seed in exp.adaptation_seeds]
-    for n, seed in tqdm(runs, desc=name, disable=not base.should_log):
+    for n, seed in tqdm(runs, desc=study, disable=not base.should_log):
         model = prepare_model(
             exp.model_name_or_path, task_name, labels, seed, reinitialize_functions=reinitialize
         )
-        info = finetune(
+        finetune_and_record(
+            out,
+            str(n),
             model,
             subset(train, n, seed),
-            base,
-            exp,
+            test,
+            task_name,
             exp.adapt_learning_rate,
             seed,
-            Path(base.output_dir) / name,
+            study,
+            exp,
+            base,
         )
-        acc = accuracy(model, [test], [task_name], exp.eval_batch_size)["accuracy"]
-        entry = out.setdefault(str(n), {"accuracy": [], "details": []})
-        entry["accuracy"].append(acc)
-        entry["details"].append({"seed": seed, **info, "trainable_parameters": trainable_parameters(model)})
-        logger.info("%s: N=%d seed %d: %d steps, test accuracy %.4f", name, n, seed, info["train_steps"], acc)
-    for entry in out.values():
-        entry.update(summarize(entry.pop("accuracy")))
-    return out
+    return summarize_runs(out)
 
 
 def run_capacity_extension(
@@ -389,31 +432,23 @@ def run_capacity_extension(
         model = prepare_model(
             exp.model_name_or_path, task_name, labels, seed, new_functions=k, functions_only=True
         )
-        info = finetune(
+        samples = subset(train, exp.capacity_train_samples, seed)
+        key = str(model.config.num_functions)  # functions per script after adding k
+        finetune_and_record(
+            out,
+            key,
             model,
-            subset(train, exp.capacity_train_samples, seed),
-            base,
-            exp,
+            samples,
+            test,
+            task_name,
             exp.capacity_learning_rate,
             seed,
-            Path(base.output_dir) / "capacity_extension",
+            "capacity_extension",
+            exp,
+            base,
+            new_functions=k,
         )
-        acc = accuracy(model, [test], [task_name], exp.eval_batch_size)["accuracy"]
-        entry = out.setdefault(
-            str(model.config.num_functions), {"new_functions": k, "accuracy": [], "details": []}
-        )
-        entry["accuracy"].append(acc)
-        entry["details"].append({"seed": seed, **info, "trainable_parameters": trainable_parameters(model)})
-        logger.info(
-            "capacity_extension: %d functions (+%d) seed %d: test accuracy %.4f",
-            model.config.num_functions,
-            k,
-            seed,
-            acc,
-        )
-    for entry in out.values():
-        entry.update(summarize(entry.pop("accuracy")))
-    return out
+    return summarize_runs(out)
 
 
 def run_dropped_functions(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,3 +20,12 @@ def load_script(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:
+    """``python -m torch.distributed.run`` of ``script`` with ``args`` on ``nproc`` local processes, on a free port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    return [*launcher, "--master_addr", "127.0.0.1", "--master_port", str(port), str(script), *args]

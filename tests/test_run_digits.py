@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -401,12 +400,6 @@ def test_resume_continues_from_the_saved_step(single_run, data_dir, tmp_path):
 # ---------------------------------------------------------------------------------------- two processes
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_process_ddp_on_cpu(single_run, data_dir, tmp_path):
     """gloo DDP with two ranks: same global batch as the single run, loss not scaled, eval counted once."""
     output_dir = tmp_path / "ddp"
@@ -420,21 +413,7 @@ def test_two_process_ddp_on_cpu(single_run, data_dir, tmp_path):
     args = tiny_args(output_dir, data_dir)
     args[args.index("--per_device_train_batch_size") + 1] = "4"  # 2 x 4 = the single run's batch of 8
     args[args.index("--per_device_eval_batch_size") + 1] = "4"  # 38 test samples: not a multiple of 8
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(SCRIPT),
-        *args,
-        "--ddp_find_unused_parameters",
-        "false",
-    ]
+    command = _scripts.torchrun_command(SCRIPT, *args, "--ddp_find_unused_parameters", "false")
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import datasets
 import pytest
 import torch
-from _scripts import load_script
+from _scripts import load_script, torchrun_command
 
 import ni_hf
 
@@ -122,39 +120,20 @@ def test_bad_requests_name_what_was_expected(script: ModuleType, checkpoint: Pat
 
 def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) -> None:
     """torchrun, 2 CPU ranks: the same steps per epoch as one process; only the main process writes results."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     output_dir = tmp_path / "ddp"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-    ]
-    command += ["--master_port", str(port), str(SCRIPT), "--use_cpu", "true", "--studies", "fast_adaptation"]
-    command += [
-        "--model_name_or_path",
-        str(checkpoint),
-        "--new_task",
-        "sklearn_digits",
-        "--dataset_source",
-        "sklearn",
-    ]
-    command += [
-        "--num_train_samples",
-        "64",
+    args = ["--use_cpu", "true", "--studies", "fast_adaptation", "--model_name_or_path", str(checkpoint)]
+    args += ["--new_task", "sklearn_digits", "--dataset_source", "sklearn", "--num_train_samples", "64"]
+    args += [
         "--adaptation_seeds",
         "0",
         "--adapt_epochs",
         "1",
         "--batch_size",
         "32",
+        "--max_eval_samples",
+        "40",
     ]
-    command += ["--max_eval_samples", "40", "--output_dir", str(output_dir)]
+    command = torchrun_command(SCRIPT, *args, "--output_dir", str(output_dir))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr

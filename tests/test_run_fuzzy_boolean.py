@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _scripts import load_script
+from _scripts import load_script, torchrun_command
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
@@ -471,20 +469,8 @@ def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_ow
 
 
 def _torchrun(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf_home")}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-    ]
-    command += ["--master_port", str(port), str(SCRIPT), "--use_cpu", "true", "--disable_tqdm", "true", *args]
+    command = torchrun_command(SCRIPT, "--use_cpu", "true", "--disable_tqdm", "true", *args)
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
