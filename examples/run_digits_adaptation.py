@@ -12,7 +12,8 @@ Starting from a checkpoint written by ``examples/run_digits.py`` (a local folder
   signatures (and the new dataset's CLS token and head, which a new dataset needs) on 8,192 samples for 10 epochs;
   test accuracy against the number of functions. The paper used Shampoo here; this script uses RAdam.
 - ``dropped_functions`` (Figure 4c): no training; the accuracy on the pre-training datasets when k functions per
-  script, drawn at random, are removed at test time (their compatibilities forced to 0 before normalisation).
+  script are removed at test time (their compatibilities forced to 0 before normalisation): every choice of the
+  k functions when there are at most ``--dropped_draws`` of them, else that many random draws.
 
 Results go to ``<output_dir>/adaptation_results.json`` and ``adaptation_results.md``. Quick check (offline):
 
