@@ -28,7 +28,6 @@ import datetime
 import itertools
 import json
 import logging
-import math
 import os
 import platform
 import sys
@@ -45,6 +44,7 @@ from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
 from ni_hf import NeuralInterpreterForImageClassification, NeuralInterpreterImageProcessor
 from ni_hf.digits_data import SKLEARN_TASK, SOURCES, canonical_task_name, load_task_split
+from ni_hf.evaluation import compute_multitask_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ class AdaptationArguments:
         metadata={
             "help": f"Where the data comes from, one of {list(SOURCES)}: the Hub (default), 'local' Parquet "
             "folders (--data_dir) or 'sklearn' (scikit-learn's 8x8 digits, offline). The same source serves the "
-            "new dataset and, for dropped_functions, the pre-training datasets."
+            "new dataset and, for dropped_functions, the pre-training datasets (scikit-learn's digits always "
+            "come from scikit-learn)."
         },
     )
     data_dir: str | None = field(
@@ -309,25 +310,19 @@ def accuracy(
     """Test accuracy overall and per task (``accuracy_<task>``), optionally with some functions dropped."""
     model.eval()
     device = next(model.parameters()).device
-    correct = np.zeros(len(task_names))
-    count = np.zeros(len(task_names))
+    predictions, labels, task_ids = [], [], []
     batches = ((test, start) for test in tests for start in range(0, len(test), batch_size))
     for test, start in batches:
         batch = test[start : start + batch_size]
         pixel_values = torch.from_numpy(np.stack(batch["pixel_values"])).to(device)
-        task_ids = torch.tensor(batch["task_ids"], device=device)
-        labels = torch.tensor(batch["labels"], device=device)
-        logits = model(
-            pixel_values=pixel_values, task_ids=task_ids, disabled_functions=disabled_functions
-        ).logits
-        hits = (logits.argmax(-1) == labels).cpu().numpy()
-        ids = task_ids.cpu().numpy()
-        np.add.at(correct, ids, hits)
-        np.add.at(count, ids, 1)
-    results = {"accuracy": float(correct.sum() / max(count.sum(), 1))}
-    for i, name in enumerate(task_names):
-        results[f"accuracy_{name}"] = float(correct[i] / count[i]) if count[i] else math.nan
-    return results
+        ids = torch.tensor(batch["task_ids"], device=device)
+        logits = model(pixel_values=pixel_values, task_ids=ids, disabled_functions=disabled_functions).logits
+        predictions.append(logits.argmax(-1).cpu().numpy())
+        labels.append(np.asarray(batch["labels"]))
+        task_ids.append(np.asarray(batch["task_ids"]))
+    return compute_multitask_accuracy(
+        np.concatenate(predictions), np.concatenate(labels), np.concatenate(task_ids), task_names
+    )
 
 
 def summarize(values: list[float]) -> dict[str, Any]:

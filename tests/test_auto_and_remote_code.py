@@ -141,7 +141,7 @@ def test_set_regression_model_saves_and_reloads(tmp_path):
 
 SET_REGRESSION_REMOTE_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import sys
     sys.modules["ni_hf"] = None  # importing the package must be impossible here
     import numpy as np, torch
     from transformers import AutoConfig, AutoModel
