@@ -86,6 +86,7 @@ def target_variance_on_test_split(run: dict[str, Any]) -> np.ndarray:
         test_fraction=protocol["test_fraction"],
         seed=args["dataset_seed"],
         adapt_seed=args["adapt_dataset_seed"],
+        form=args.get("function_form", "canonical"),
     )
     return data["adapt"]["test"][1].double().var(dim=0, unbiased=False).numpy()
 

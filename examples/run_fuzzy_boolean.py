@@ -125,6 +125,8 @@ RESULTS_JSON = "fuzzy_boolean_results.json"
 RESULTS_MD = "fuzzy_boolean_results.md"
 # Config arguments the script sets from the data: --config_overrides cannot change them.
 DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "num_input_variables")
+# Config attribute recording the --function_form a model was pre-trained on (absent: "canonical").
+FUNCTION_FORM_CONFIG_KEY = "fuzzy_boolean_function_form"
 DENSITY_POINTS = 4096
 """Test points on which the results record each model's routing density (a few seconds even on a CPU)."""
 
@@ -164,6 +166,14 @@ class FuzzyBooleanArguments:
         metadata={
             "help": "Draw the adaptation functions and points from this seed instead (pre-training data stay "
             "those of --dataset_seed): measures how much the adaptation R^2 moves with the draw of new functions."
+        },
+    )
+    function_form: Literal["canonical", "minimal"] = field(
+        default="canonical",
+        metadata={
+            "help": "Sum-of-products form the truth tables are evaluated in with product fuzzy logic: 'canonical' "
+            "(every minterm of a true row, as in the paper's appendix example) or 'minimal' (sympy's minimal cover "
+            "of prime implicants: the same corners, other values inside the cube). See ni_hf.fuzzy_boolean."
         },
     )
     batch_size: int | None = field(
@@ -728,6 +738,7 @@ def environment() -> dict[str, Any]:
                     break
     except OSError:
         pass
+    import sympy
     import transformers
 
     return {
@@ -738,6 +749,7 @@ def environment() -> dict[str, Any]:
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "sympy": sympy.__version__,  # its SOPform picks the minimal cover of --function_form minimal
         "python": platform.python_version(),
     }
 
@@ -791,6 +803,12 @@ def results_markdown(results: dict[str, Any]) -> str:
     if changes:
         text = ",".join(f"{key}={json.dumps(value)}" for key, value in changes.items())
         lines[4:4] = [f"Model: the paper's preset changed by `{text}` (a deviation from the paper).", ""]
+    if results.get("arguments", {}).get("function_form", "canonical") != "canonical":
+        lines[4:4] = [
+            f"Data: functions in {results['arguments']['function_form']} sum-of-products form "
+            "(`--function_form`, another reading of the paper's appendix).",
+            "",
+        ]
     if results.get("arguments", {}).get("one_task_per_sample"):
         lines[4:4] = [
             "Training: one function per sample and step (`--one_task_per_sample`, a deviation).",
@@ -933,6 +951,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         test_fraction=exp.test_fraction,
         seed=exp.dataset_seed,
         adapt_seed=exp.adapt_dataset_seed,
+        form=exp.function_form,
     )
     datasets = {
         group: {split: TensorBatchDataset(*data[group][split]) for split in ("train", "test")}
@@ -941,9 +960,10 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     if exp.adapt_dataset_seed is not None:
         logger.info("Adaptation functions and points drawn from seed %d", exp.adapt_dataset_seed)
     logger.info(
-        "Data (seed %d) in %.1f s: pre-training %d functions, %d train / %d test points; adaptation %d functions, "
+        "Data (seed %d, %s sums of products) in %.1f s: pre-training %d functions, %d train / %d test points; adaptation %d functions, "
         "%d train / %d test points",
         exp.dataset_seed,
+        exp.function_form,
         time.perf_counter() - t0,
         exp.num_pretrain_functions,
         len(datasets["pretrain"]["train"]),
@@ -973,6 +993,16 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         logger.info("Loading the pre-trained model from %s (pre-training skipped)", exp.pretrained_model)
         model = NeuralInterpreterForSetRegression.from_pretrained(exp.pretrained_model)
         pretrain_dir = Path(exp.pretrained_model)
+        # Checkpoints from before --function_form existed were all pre-trained on canonical-form functions.
+        pretrained_form = getattr(model.config, FUNCTION_FORM_CONFIG_KEY, "canonical")
+        if pretrained_form != exp.function_form:
+            logger.warning(
+                "The pre-trained model was trained on %s-form functions, but this run adapts to %s-form ones "
+                "(--function_form %s)",
+                pretrained_form,
+                exp.function_form,
+                exp.function_form,
+            )
         trainer, timer = make_trainer(
             model,
             pre_args,
@@ -981,11 +1011,12 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             exp.pretrain_learning_rate,
             one_task_per_sample=exp.one_task_per_sample,
         )
-        pretrain_info: dict[str, Any] = {"checkpoint": str(pretrain_dir)}
+        pretrain_info: dict[str, Any] = {"checkpoint": str(pretrain_dir), "function_form": pretrained_form}
     else:
         set_seed(base_args.seed)
         overrides = parse_config_overrides(exp.config_overrides, reserved=DATA_DEFINED_CONFIG_KEYS)
         config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", **overrides, task_names=pretrain_names)
+        setattr(config, FUNCTION_FORM_CONFIG_KEY, exp.function_form)  # saved with the model, read back above
         model = NeuralInterpreterForSetRegression(config)
         num_params = sum(p.numel() for p in model.parameters())
         logger.info(
@@ -1041,6 +1072,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             )
         pretrain_info = {
             "checkpoint": str(pretrain_dir),
+            "function_form": exp.function_form,
             "resumed_from": resume,
             "train_steps": train_output.global_step,
             "train_runtime_s": train_output.metrics.get("train_runtime"),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from ni_hf.fuzzy_boolean import (
     fuzzy_or,
     make_fuzzy_boolean_datasets,
     make_fuzzy_boolean_tensors,
+    minimal_implicants,
     minterms,
     sample_functions,
     truth_table_inputs,
@@ -142,6 +146,121 @@ def test_to_expression_and_dataclass() -> None:
         FuzzyBooleanFunction(np.ones(24, bool))
     with pytest.raises(ValueError):
         f(np.zeros((3, N + 1)))
+
+
+def _covered_rows(care: int, value: int) -> set[int]:
+    """Rows (truth-table indices) on which the implicant (care_mask, value_bits) is 1."""
+    return {r for r in range(2**N) if r & care == value & care}
+
+
+def test_minimal_form_is_an_irredundant_cover_of_prime_implicants() -> None:
+    """The minimal form's implicants cover exactly the true rows, each is prime, none can be dropped."""
+    tables = np.concatenate([_test_tables(), [f.truth_table for f in sample_functions(30, N, seed=8)]])
+    num_terms = []
+    for table in tables:
+        true_rows = set(np.flatnonzero(table).tolist())
+        implicants = minimal_implicants(table)
+        covers = [_covered_rows(care, value) for care, value in implicants]
+        assert set().union(*covers) == true_rows
+        assert len(implicants) <= max(len(true_rows), 1)
+        for (care, value), cover in zip(implicants, covers, strict=True):
+            assert cover <= true_rows
+            for i in range(N):  # prime: dropping any literal covers a false row
+                if (care >> i) & 1:
+                    assert not _covered_rows(care & ~(1 << i), value) <= true_rows
+            others = [c for c in covers if c is not cover]
+            assert not true_rows <= set().union(*others)  # irredundant
+        num_terms.append((len(implicants), len(true_rows)))
+    terms, rows = np.sum(num_terms, axis=0)
+    assert terms < 0.6 * rows  # far fewer products than the canonical form's one per true row
+
+
+def test_minimal_form_values() -> None:
+    """Minimal-form functions: the truth table on the corners, fuzzy OR of the implicants' products inside."""
+    rng = np.random.default_rng(9)
+    x = rng.random((300, N))
+    corners = truth_table_inputs(N)
+    rows = np.arange(2**N)
+    x0, x1 = x[:, 0], x[:, 1]
+    known = {
+        "x0": (rows & 1 == 1, x0),
+        "x0 and x1": (rows & 3 == 3, x0 * x1),
+        "x0 or not x1": ((rows & 1 == 1) | (rows & 2 == 0), fuzzy_or(x0, fuzzy_not(x1))),
+        "1": (np.ones(2**N, bool), np.ones(len(x))),
+        "0": (np.zeros(2**N, bool), np.zeros(len(x))),
+    }
+    for table, expected in known.values():
+        np.testing.assert_allclose(evaluate_truth_tables(x, table, "minimal")[:, 0], expected, atol=1e-14)
+    f = FuzzyBooleanFunction(known["x0"][0], "minimal")
+    assert (
+        f.to_expression() == "(x0)"
+        and FuzzyBooleanFunction(np.ones(2**N, bool), "minimal").to_expression() == "1"
+    )
+    assert FuzzyBooleanFunction(known["x0"][0]).to_expression().count("&") == 16 * 4
+    # The canonical form of the same table is not x0 inside the cube (its minterms' OR is not their sum).
+    assert np.abs(FuzzyBooleanFunction(known["x0"][0])(x) - x0).max() > 0.1
+    for table in _test_tables():
+        g = FuzzyBooleanFunction(table, "minimal")
+        np.testing.assert_array_equal(g(corners), table.astype(float))
+        out = g(torch.tensor(corners, dtype=torch.float32)).numpy()
+        np.testing.assert_array_equal(out, table.astype(np.float32))
+        slow = np.zeros(len(x))
+        for care, value in minimal_implicants(table):
+            term = np.ones(len(x))
+            for i in range(N):
+                if (care >> i) & 1:
+                    term = fuzzy_and(term, x[:, i] if (value >> i) & 1 else fuzzy_not(x[:, i]))
+            slow = fuzzy_or(slow, term)
+        np.testing.assert_allclose(g(x), slow, rtol=1e-12, atol=1e-14)
+    # Random minimal-form functions vary more over the cube than their canonical forms.
+    tables = np.stack([f.truth_table for f in sample_functions(40, N, seed=10)])
+    variance = {
+        form: evaluate_truth_tables(x, tables, form).var(axis=0).mean() for form in ("canonical", "minimal")
+    }
+    assert variance["minimal"] > 1.5 * variance["canonical"]
+
+
+def test_minimal_form_does_not_depend_on_the_hash_seed() -> None:
+    """sympy's choice among minimal covers is the same in every process (torchrun ranks, reruns)."""
+    code = (
+        "from ni_hf.fuzzy_boolean import minimal_implicants, sample_functions;"
+        "print([minimal_implicants(f.truth_table) for f in sample_functions(100, 5, seed=0)])"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(outputs) == 1 and outputs.pop().startswith("[[(")
+
+
+def test_form_changes_the_targets_only() -> None:
+    """--function_form keeps the truth tables and points of a seed and changes the values inside the cube."""
+    canonical = make_fuzzy_boolean_tensors(points_per_function=500, seed=3)
+    minimal = make_fuzzy_boolean_tensors(points_per_function=500, seed=3, form="minimal")
+    for group in ("pretrain", "adapt"):
+        for f, g in zip(canonical["functions"][group], minimal["functions"][group], strict=True):
+            assert (f.form, g.form) == ("canonical", "minimal")
+            np.testing.assert_array_equal(f.truth_table, g.truth_table)
+            assert f != g
+        for split in ("train", "test"):
+            torch.testing.assert_close(canonical[group][split][0], minimal[group][split][0])
+            assert not torch.allclose(canonical[group][split][1], minimal[group][split][1])
+    datasets = make_fuzzy_boolean_datasets(points_per_function=500, seed=3, form="minimal")
+    torch.testing.assert_close(datasets["adapt"]["test"][:]["labels"], minimal["adapt"]["test"][1])
+    for call in (
+        lambda: evaluate_truth_tables(np.zeros((2, N)), np.ones(2**N, bool), "dnf"),
+        lambda: sample_functions(2, N, form="dnf"),
+        lambda: FuzzyBooleanFunction(np.ones(2**N, bool), "dnf"),
+        lambda: make_fuzzy_boolean_tensors(points_per_function=10, form="dnf"),
+    ):
+        with pytest.raises(ValueError, match=r"form must be one of \('canonical', 'minimal'\), got 'dnf'"):
+            call()
 
 
 def test_sample_functions_reproducible() -> None:

@@ -205,6 +205,52 @@ def test_adaptation_freezing(quick_run: tuple[dict[str, Any], Path]) -> None:
             assert changed == should_change, (setting, name, group, changed)
 
 
+def test_function_form_reaches_the_data_the_checkpoint_and_the_results(
+    script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--function_form minimal trains and scores on minimal-form targets, is saved and recorded, and is checked."""
+    common = [
+        "--protocol",
+        "quick",
+        "--settings",
+        "cls_tokens",
+        "--overhead_steps",
+        "0",
+        "--disable_tqdm",
+        "true",
+    ]
+    threads = torch.get_num_threads()
+    try:
+        results = script.main([*common, "--function_form", "minimal", "--output_dir", str(tmp_path)])
+        with caplog.at_level("WARNING"):
+            adapted = script.main(
+                [
+                    *common,
+                    "--pretrained_model",
+                    str(tmp_path / "pretrain"),
+                    "--output_dir",
+                    str(tmp_path / "c"),
+                ]
+            )
+    finally:
+        torch.set_num_threads(threads)
+    assert results["arguments"]["function_form"] == results["pretraining"]["function_form"] == "minimal"
+    model = NeuralInterpreterForSetRegression.from_pretrained(str(tmp_path / "pretrain")).eval()
+    assert model.config.fuzzy_boolean_function_form == "minimal"
+    points = results["protocol"]["points_per_function"]
+    for form, matches in (("minimal", True), ("canonical", False)):
+        x, y = make_fuzzy_boolean_tensors(points_per_function=points, seed=0, form=form)["pretrain"]["test"]
+        with torch.no_grad():
+            r2 = script.r2_per_function(model(inputs=x).predictions, y)
+        assert np.allclose(r2, results["pretraining"]["r2_per_function"], rtol=1e-4, atol=1e-6) == matches
+    assert "functions in minimal sum-of-products form" in (tmp_path / script.RESULTS_MD).read_text()
+    # Adapting that model to canonical-form functions is allowed, but said.
+    assert adapted["pretraining"]["function_form"] == "minimal"
+    assert adapted["arguments"]["function_form"] == "canonical"
+    assert "trained on minimal-form functions, but this run adapts to canonical-form ones" in caplog.text
+    assert "sum-of-products form" not in (tmp_path / "c" / script.RESULTS_MD).read_text()
+
+
 def test_phase_training_arguments_are_flagged(script: ModuleType) -> None:
     """Per-phase TrainingArguments the protocol overrides are reported, defaults are not."""
     _, args = script.parse_args(["--output_dir", "unused"])
