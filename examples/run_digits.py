@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train a Neural Interpreter jointly on several digit datasets with the Hugging Face Trainer.
+"""Train a Neural Interpreter (or the paper's multi-task ViT baseline) jointly on several digit datasets.
 
 The same command runs on one CPU, one GPU, or several GPUs / processes (the launcher decides)::
 
@@ -20,6 +20,10 @@ Every sample carries its task id; the model has one CLS token and one head per d
 the model cuts the images into patches itself. Accuracy per dataset and overall comes from the package's
 ``evaluate`` metric module (loaded by path, offline); the Trainer gathers predictions from all processes
 first, so every evaluation sample is counted once.
+
+``--architecture vit`` trains the multi-task ViT of the paper's Figure 4a instead (``MultiTaskViTConfig``'s
+``digits`` preset: 8 layers, d = 192, 3 heads, one CLS token and head per dataset) with the same data,
+augmentation, optimizer and schedule; ``--config_overrides`` then sets ``MultiTaskViTConfig`` arguments.
 
 Defaults follow the paper: the ``digits`` preset, RAdam, cosine decay without warm-up from 8e-4 to 1e-6,
 batch size 128 (per device), 100 epochs. Everything in ``output_dir`` is what a Hub repo should hold; with
@@ -46,11 +50,14 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy, Scheduler
 
 import ni_hf
 from ni_hf import (
+    MultiTaskViTConfig,
+    MultiTaskViTForImageClassification,
     NeuralInterpreterConfig,
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
 from ni_hf.augmentation import TIMM_RANDAUGMENT_POLICY, BatchRandAugment
+from ni_hf.configuration_multitask_vit import MULTITASK_VIT_PRESETS
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS
 from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
@@ -98,6 +105,60 @@ COMMON_CONFIG_FIELDS = (
     "hidden_dropout_prob",
     "attention_probs_dropout_prob",
 )
+# The options of COMMON_CONFIG_FIELDS that a multi-task ViT has too.
+VIT_CONFIG_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "patch_size",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
+# The config settings the model card lists, per architecture.
+NI_SUMMARY_KEYS = (
+    "hidden_size",
+    "code_dim",
+    "num_scripts",
+    "num_function_iterations",
+    "num_loc_layers",
+    "num_functions",
+    "num_attention_heads",
+    "attention_head_size",
+    "type_inference_depth",
+    "type_inference_hidden_size",
+    "type_dim",
+    "truncation_tau",
+    "freeze_signatures",
+    "freeze_codes",
+    "image_size",
+    "patch_size",
+    "use_relative_positional_bias",
+    "share_task_tokens",
+)
+VIT_SUMMARY_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "qkv_bias",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "image_size",
+    "patch_size",
+)
+NI_CARD_TAGS = ("neural-interpreters", "image-classification", "multi-task", "digits", "ni_hf")
+VIT_CARD_TAGS = (
+    "vit",
+    "neural-interpreters-baseline",
+    "image-classification",
+    "multi-task",
+    "digits",
+    "ni_hf",
+)
+# --architecture: the config and model class of each choice, and its presets.
+ARCHITECTURES = {
+    "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForImageClassification, PAPER_PRESETS),
+    "vit": (MultiTaskViTConfig, MultiTaskViTForImageClassification, MULTITASK_VIT_PRESETS),
+}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -109,18 +170,31 @@ COMMON_CONFIG_FIELDS = (
 class ModelArguments:
     """Which model to train: a preset of the paper, optionally changed from the command line."""
 
+    architecture: str = field(
+        default="neural_interpreter",
+        metadata={
+            "help": "The model: 'neural_interpreter' (default) or 'vit', the paper's multi-task ViT baseline "
+            "(Figure 4a: one CLS token and head per dataset, same data and training protocol). For 'vit', "
+            "--config_overrides sets MultiTaskViTConfig arguments (num_hidden_layers, intermediate_size, ...) and "
+            "only --hidden_size, --num_attention_heads, --patch_size and the dropout options of the options below "
+            "apply.",
+            "choices": sorted(ARCHITECTURES),
+        },
+    )
     config_name: str = field(
         default="digits",
         metadata={
             "help": "Preset of the paper's appendix tables to start from (the digits preset: hidden size 192, "
-            "5 functions, 8 function iterations, tau 1.4, frozen signatures, 4x4 patches).",
+            "5 functions, 8 function iterations, tau 1.4, frozen signatures, 4x4 patches; for --architecture vit: "
+            "8 layers, hidden size 192, 3 heads, MLP 192, 4x4 patches).",
             "choices": sorted(PAPER_PRESETS),
         },
     )
     config_overrides: str | None = field(
         default=None,
         metadata={
-            "help": "Override any NeuralInterpreterConfig setting of the preset, as a comma-separated list of "
+            "help": "Override any NeuralInterpreterConfig setting (MultiTaskViTConfig with --architecture vit) of "
+            "the preset, as a comma-separated list of "
             'key=value pairs with JSON values, e.g. "num_functions=6,truncation_tau=1.2,initializer_range=null". '
             "The options below (--hidden_size, ...) are applied after it. task_names and num_labels come from "
             "the data."
@@ -324,21 +398,45 @@ class DigitsTrainingArguments(TrainingArguments):
 # --------------------------------------------------------------------------------------------------------
 
 
-def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
+def parse_config_overrides(overrides: str | None, architecture: str = "neural_interpreter") -> dict[str, Any]:
     """--config_overrides as a dict; the data-defined settings (task names, labels) cannot be overridden."""
-    return _parse_config_overrides(overrides, reserved=DATA_DEFINED_CONFIG_KEYS)
+    config_class = ARCHITECTURES[architecture][0]
+    return _parse_config_overrides(overrides, reserved=DATA_DEFINED_CONFIG_KEYS, config_class=config_class)
 
 
-def build_config(model_args: ModelArguments, task_names: list[str]) -> NeuralInterpreterConfig:
+def build_config(
+    model_args: ModelArguments, task_names: list[str]
+) -> NeuralInterpreterConfig | MultiTaskViTConfig:
     """The preset, then --config_overrides, then the individual options; task names and labels from the data."""
-    overrides = parse_config_overrides(model_args.config_overrides)
-    for name in COMMON_CONFIG_FIELDS:
+    if model_args.architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"--architecture must be one of {sorted(ARCHITECTURES)}, got {model_args.architecture!r}."
+        )
+    config_class, _, presets = ARCHITECTURES[model_args.architecture]
+    if model_args.config_name not in presets:
+        raise ValueError(
+            f"--config_name {model_args.config_name!r} has no --architecture {model_args.architecture} preset; "
+            f"expected one of {sorted(presets)}."
+        )
+    overrides = parse_config_overrides(model_args.config_overrides, model_args.architecture)
+    options = VIT_CONFIG_FIELDS if model_args.architecture == "vit" else COMMON_CONFIG_FIELDS
+    unused = [
+        f"--{name}"
+        for name in COMMON_CONFIG_FIELDS
+        if name not in options and getattr(model_args, name) is not None
+    ]
+    if unused:
+        raise ValueError(
+            f"{', '.join(unused)}: Neural Interpreter settings, which --architecture {model_args.architecture} "
+            "does not have."
+        )
+    for name in options:
         value = getattr(model_args, name)
         if value is not None:
             if name in overrides and overrides[name] != value:
                 logger.warning(f"--{name}={value} replaces {name}={overrides[name]} of --config_overrides.")
             overrides[name] = value
-    config = NeuralInterpreterConfig.from_paper(
+    config = config_class.from_paper(
         model_args.config_name,
         **overrides,
         task_names=task_names,
@@ -348,8 +446,10 @@ def build_config(model_args: ModelArguments, task_names: list[str]) -> NeuralInt
     )
     if model_args.attn_implementation is not None:
         config._attn_implementation = model_args.attn_implementation
-    changed = {k: v for k, v in overrides.items() if PAPER_PRESETS[model_args.config_name].get(k) != v}
-    logger.info(f"Model config: preset {model_args.config_name!r} with changes {changed or 'none'}")
+    changed = {k: v for k, v in overrides.items() if presets[model_args.config_name].get(k) != v}
+    logger.info(
+        f"Model config: {model_args.architecture} preset {model_args.config_name!r} with changes {changed or 'none'}"
+    )
     return config
 
 
@@ -562,29 +662,9 @@ def write_model_card(
         "processes": world_size,
         "mixed precision": mixed,
     }
-    config_summary = {
-        key: getattr(config, key)
-        for key in (
-            "hidden_size",
-            "code_dim",
-            "num_scripts",
-            "num_function_iterations",
-            "num_loc_layers",
-            "num_functions",
-            "num_attention_heads",
-            "attention_head_size",
-            "type_inference_depth",
-            "type_inference_hidden_size",
-            "type_dim",
-            "truncation_tau",
-            "freeze_signatures",
-            "freeze_codes",
-            "image_size",
-            "patch_size",
-            "use_relative_positional_bias",
-            "share_task_tokens",
-        )
-    }
+    architecture = "vit" if isinstance(config, MultiTaskViTConfig) else "neural_interpreter"
+    summary_keys = VIT_SUMMARY_KEYS if architecture == "vit" else NI_SUMMARY_KEYS
+    config_summary = {key: getattr(config, key) for key in summary_keys}
     subsets = []
     if data_args.max_eval_samples is not None:
         subsets.append(
@@ -624,6 +704,9 @@ def write_model_card(
         launcher_note=launcher_note,
         hyperparameters=hyperparameters,
         config_summary=config_summary,
+        architecture=architecture,
+        model_class=type(model).__name__,
+        tags=VIT_CARD_TAGS if architecture == "vit" else NI_CARD_TAGS,
         num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
         num_trainable_parameters=f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}",
         hardware=describe_hardware(str(training_args.device), world_size, mixed),
@@ -656,7 +739,12 @@ def _recipe_note(
 
 
 def push_output_dir(
-    output_dir: str, repo_id: str, token: str | None, private: bool | None, revision: str | None
+    output_dir: str,
+    repo_id: str,
+    token: str | None,
+    private: bool | None,
+    revision: str | None,
+    model_description: str = "Neural Interpreter",
 ) -> str:
     """Upload output_dir (without checkpoints) to the Hub with huggingface_hub; return the commit URL.
 
@@ -670,7 +758,7 @@ def push_output_dir(
     commit = api.upload_folder(
         repo_id=repo.repo_id,
         folder_path=output_dir,
-        commit_message="Neural Interpreter trained with examples/run_digits.py",
+        commit_message=f"{model_description} trained with examples/run_digits.py",
         ignore_patterns=["_*", "checkpoint-*", "checkpoint-*/**"],
         revision=revision,
     )
@@ -770,12 +858,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         logger.info(f"Dataset {name!r} ({source}): {n_train} training samples, {n_eval} test samples")
 
     config = build_config(model_args, task_names)
-    model = NeuralInterpreterForImageClassification(config)
+    model = ARCHITECTURES[model_args.architecture][1](config)
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    logger.info(
-        f"NeuralInterpreterForImageClassification: {num_params:,} parameters ({num_trainable:,} trainable)"
-    )
+    logger.info(f"{type(model).__name__}: {num_params:,} parameters ({num_trainable:,} trainable)")
     processor = NeuralInterpreterImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
     )
@@ -838,6 +924,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         train_metrics["train_samples"] = len(raw["train"])
         train_metrics["world_size"] = world_size
         train_metrics["global_step"] = trainer.state.global_step
+        train_metrics["architecture"] = model_args.architecture
         trainer.log_metrics("train", train_metrics)
         trainer.save_metrics("train", train_metrics)
         trainer.save_state()
@@ -894,6 +981,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 token=training_args.hub_token,
                 private=training_args.hub_private_repo,
                 revision=training_args.hub_revision,
+                model_description="Multi-task ViT"
+                if model_args.architecture == "vit"
+                else "Neural Interpreter",
             )
         except Exception as error:  # noqa: BLE001 - any failure gets the same explanation
             logger.error(explain_push_failure(error, training_args.output_dir, repo_id))

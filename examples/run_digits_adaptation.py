@@ -15,6 +15,11 @@ Starting from a checkpoint written by ``examples/run_digits.py`` (a local folder
   script are removed at test time (their compatibilities forced to 0 before normalisation): every choice of the
   k functions when there are at most ``--dropped_draws`` of them, else that many random draws.
 
+``fast_adaptation`` also runs on the paper's multi-task ViT baseline (``run_digits.py --architecture vit``), for the
+ViT curve of Figure 4a: a fresh CLS token and head, all parameters trained (the paper's ViT rate: 0.03, pass
+``--adapt_learning_rate 0.03``). The other three studies need a Neural Interpreter's functions; with a ViT checkpoint
+and ``--studies`` left at its default only ``fast_adaptation`` runs, and asking for any of them is an error.
+
 Results go to ``<output_dir>/adaptation_results.json`` and ``adaptation_results.md``. Quick check (offline):
 
     python examples/run_digits_adaptation.py --model_name_or_path runs/sklearn-digits --new_task mnist \
@@ -42,18 +47,26 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
-from ni_hf import NeuralInterpreterForImageClassification, NeuralInterpreterImageProcessor
+from ni_hf import (
+    MultiTaskViTConfig,
+    MultiTaskViTForImageClassification,
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterImageProcessor,
+)
 from ni_hf.digits_data import SKLEARN_TASK, SOURCES, canonical_task_name, load_task_split
 from ni_hf.evaluation import compute_multitask_accuracy
 
 logger = logging.getLogger(__name__)
 
 STUDIES = ("fast_adaptation", "reinitialized_functions", "capacity_extension", "dropped_functions")
+# The studies that act on a Neural Interpreter's functions; a multi-task ViT has none.
+FUNCTION_STUDIES = ("reinitialized_functions", "capacity_extension", "dropped_functions")
 KEY_NAMES = {
     "fast_adaptation": "training samples",
     "reinitialized_functions": "training samples",
     "capacity_extension": "functions per script",
 }
+ARCHITECTURE_NAMES = {"neural_interpreter": "Neural Interpreter", "vit": "multi-task ViT"}
 RESULTS_JSON = "adaptation_results.json"
 RESULTS_MD = "adaptation_results.md"
 
@@ -64,12 +77,16 @@ class AdaptationArguments:
 
     model_name_or_path: str = field(
         metadata={
-            "help": "A Neural Interpreter digits checkpoint: an output_dir of run_digits.py or a Hub repo id."
+            "help": "A digits checkpoint of run_digits.py (its output_dir or a Hub repo id): a Neural Interpreter, "
+            "or a multi-task ViT (--architecture vit), which runs fast_adaptation only."
         }
     )
     studies: str = field(
         default=",".join(STUDIES),
-        metadata={"help": f"Comma-separated studies to run, some of {list(STUDIES)}."},
+        metadata={
+            "help": f"Comma-separated studies to run, some of {list(STUDIES)} (default: all; for a multi-task ViT "
+            "checkpoint: fast_adaptation, the only one it has)."
+        },
     )
     new_task: str = field(
         default="kmnist",
@@ -106,7 +123,9 @@ class AdaptationArguments:
     adapt_epochs: float = field(default=10.0, metadata={"help": "Fine-tuning epochs (paper: 10)."})
     adapt_learning_rate: float = field(
         default=0.05,
-        metadata={"help": "RAdam learning rate, constant (paper: 0.05 for the Neural Interpreter)."},
+        metadata={
+            "help": "RAdam learning rate, constant (paper: 0.05 for the Neural Interpreter, 0.03 for the ViT)."
+        },
     )
     batch_size: int = field(
         default=128,
@@ -210,7 +229,7 @@ def prepare_model(
     reinitialize_functions: bool = False,
     new_functions: int = 0,
     functions_only: bool = False,
-) -> NeuralInterpreterForImageClassification:
+) -> NeuralInterpreterForImageClassification | MultiTaskViTForImageClassification:
     """The pre-trained model with a fresh CLS token and head for the new dataset, ready for one study's run.
 
     ``reinitialize_functions``: draw every function's code and signature anew, N(0, 1) as at initialisation.
@@ -221,6 +240,12 @@ def prepare_model(
     model = load_pretrained(path)
     # The new CLS token and head first, so that every variant of a seed starts from the same ones.
     model.reset_tasks([task_name], num_labels=num_labels)
+    if isinstance(model, MultiTaskViTForImageClassification):
+        if reinitialize_functions or new_functions or functions_only:
+            raise ValueError(
+                f"{path} is a multi-task ViT: it has no functions to re-draw, add or train alone."
+            )
+        return model
     backbone = model.neural_interpreter
     generator = torch.Generator().manual_seed(seed + 1)
     if reinitialize_functions:
@@ -241,11 +266,24 @@ def prepare_model(
     return model
 
 
-def load_pretrained(path: str) -> NeuralInterpreterForImageClassification:
+def is_vit_checkpoint(path: str) -> bool:
+    """Whether the checkpoint is a multi-task ViT (``run_digits.py --architecture vit``), from its config."""
+    config_dict, _ = transformers.PretrainedConfig.get_config_dict(path)
+    return config_dict.get("model_type") == MultiTaskViTConfig.model_type
+
+
+def load_pretrained(
+    path: str,
+) -> NeuralInterpreterForImageClassification | MultiTaskViTForImageClassification:
     """``from_pretrained`` without its progress bar: a study loads the checkpoint once per run."""
+    model_class = (
+        MultiTaskViTForImageClassification
+        if is_vit_checkpoint(path)
+        else NeuralInterpreterForImageClassification
+    )
     transformers.utils.logging.disable_progress_bar()
     try:
-        return NeuralInterpreterForImageClassification.from_pretrained(path)
+        return model_class.from_pretrained(path)
     finally:
         transformers.utils.logging.enable_progress_bar()
 
@@ -316,7 +354,8 @@ def accuracy(
         batch = test[start : start + batch_size]
         pixel_values = torch.from_numpy(np.stack(batch["pixel_values"])).to(device)
         ids = torch.tensor(batch["task_ids"], device=device)
-        logits = model(pixel_values=pixel_values, task_ids=ids, disabled_functions=disabled_functions).logits
+        extra = {} if disabled_functions is None else {"disabled_functions": disabled_functions}
+        logits = model(pixel_values=pixel_values, task_ids=ids, **extra).logits
         predictions.append(logits.argmax(-1).cpu().numpy())
         labels.append(np.asarray(batch["labels"]))
         task_ids.append(np.asarray(batch["task_ids"]))
@@ -498,7 +537,12 @@ def run_dropped_functions(
 
 def results_markdown(results: dict[str, Any]) -> str:
     """The studies' tables (mean ± std over seeds or draws)."""
-    lines = [f"## Adaptation studies of {results['model']} (new dataset: {results['new_task']})", ""]
+    architecture = results.get("architecture", "neural_interpreter")
+    lines = [
+        f"## Adaptation studies of {results['model']} ({ARCHITECTURE_NAMES.get(architecture, architecture)}; "
+        f"new dataset: {results['new_task']})",
+        "",
+    ]
     fmt = lambda s: f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f} ({s['runs']})"  # noqa: E731
     fast, reinit = results.get("fast_adaptation"), results.get("reinitialized_functions")
     if fast or reinit:
@@ -507,13 +551,16 @@ def results_markdown(results: dict[str, Any]) -> str:
             f"{results['arguments']['adapt_learning_rate']:g}; test accuracy (%) on {results['new_task']}, mean ± "
             "std (runs) over seeds.",
             "",
-            "| training samples | pre-trained functions | re-drawn functions |",
-            "|---|---|---|",
         ]
         sizes = sorted({int(n) for study in (fast or {}, reinit or {}) for n in study})
-        for n in sizes:
-            cells = [fmt(s[str(n)]) if s and str(n) in s else "" for s in (fast, reinit)]
-            lines.append(f"| {n} | {cells[0]} | {cells[1]} |")
+        if architecture == "vit":  # no functions: one column, the pre-trained ViT
+            lines += ["| training samples | pre-trained ViT |", "|---|---|"]
+            lines += [f"| {n} | {fmt(fast[str(n)]) if str(n) in fast else ''} |" for n in sizes]
+        else:
+            lines += ["| training samples | pre-trained functions | re-drawn functions |", "|---|---|---|"]
+            for n in sizes:
+                cells = [fmt(s[str(n)]) if s and str(n) in s else "" for s in (fast, reinit)]
+                lines.append(f"| {n} | {cells[0]} | {cells[1]} |")
         lines.append("")
     if results.get("capacity_extension"):
         lines += [
@@ -571,6 +618,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [s for s in studies if s not in STUDIES]
     if unknown or not studies:
         raise ValueError(f"--studies: unknown {unknown or 'none given'}; expected some of {list(STUDIES)}.")
+    vit = is_vit_checkpoint(exp.model_name_or_path)
+    needs_functions = [s for s in studies if s in FUNCTION_STUDIES]
+    if vit and needs_functions:
+        if exp.studies != AdaptationArguments.studies:
+            raise ValueError(
+                f"--studies {','.join(needs_functions)}: {exp.model_name_or_path} is a multi-task ViT, and these "
+                "studies act on a Neural Interpreter's functions (re-drawn, added or dropped); a ViT checkpoint "
+                "runs fast_adaptation only."
+            )
+        logger.info(
+            "%s is a multi-task ViT: running fast_adaptation only (%s need a Neural Interpreter's functions).",
+            exp.model_name_or_path,
+            ", ".join(needs_functions),
+        )
+        studies = [s for s in studies if s not in FUNCTION_STUDIES]
     if exp.batch_size % base.world_size:
         raise ValueError(
             f"--batch_size {exp.batch_size} is the global batch; it must be divisible by the number of processes "
@@ -580,8 +642,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     processor = NeuralInterpreterImageProcessor()
     results: dict[str, Any] = {
         "model": exp.model_name_or_path,
+        "architecture": "vit" if vit else "neural_interpreter",
         "new_task": canonical_task_name(exp.new_task),
         "arguments": dataclasses.asdict(exp),
+        "studies": studies,
     }
     training_studies = [s for s in studies if s != "dropped_functions"]
     if training_studies:

@@ -10,8 +10,14 @@ from transformers import (
     AutoModelForImageClassification,
 )
 
+from .configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
 from .configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterConfig, vit_baseline_config
 from .image_processing_neural_interpreter import NeuralInterpreterImageProcessor
+from .modeling_multitask_vit import (
+    MultiTaskViTForImageClassification,
+    MultiTaskViTModel,
+    MultiTaskViTPreTrainedModel,
+)
 from .modeling_neural_interpreter import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForSetRegression,
@@ -31,6 +37,13 @@ AutoModelForImageClassification.register(
     NeuralInterpreterConfig, NeuralInterpreterForImageClassification, exist_ok=True
 )
 AutoImageProcessor.register(NeuralInterpreterConfig, NeuralInterpreterImageProcessor, exist_ok=True)
+# The multi-task ViT baseline (paper, Figure 4a) reads the same images or patches.
+AutoConfig.register(MultiTaskViTConfig.model_type, MultiTaskViTConfig, exist_ok=True)
+AutoModel.register(MultiTaskViTConfig, MultiTaskViTModel, exist_ok=True)
+AutoModelForImageClassification.register(
+    MultiTaskViTConfig, MultiTaskViTForImageClassification, exist_ok=True
+)
+AutoImageProcessor.register(MultiTaskViTConfig, NeuralInterpreterImageProcessor, exist_ok=True)
 # `pipeline()` also looks for a video processor, and transformers infers one from the image processor's `auto_map`
 # (`...NeuralInterpreterVideoProcessor`, which does not exist). With no local entry that lookup asks on stdin
 # whether to run the checkpoint's code; this entry, empty, says there is no video processor, so it fails quietly.
@@ -39,6 +52,7 @@ try:
     from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING
 
     VIDEO_PROCESSOR_MAPPING.register(NeuralInterpreterConfig, {}, exist_ok=True)
+    VIDEO_PROCESSOR_MAPPING.register(MultiTaskViTConfig, {}, exist_ok=True)
 except ImportError:  # a transformers without video processors has no such lookup
     pass
 
@@ -47,9 +61,17 @@ NeuralInterpreterConfig.register_for_auto_class()
 NeuralInterpreterModel.register_for_auto_class("AutoModel")
 NeuralInterpreterForImageClassification.register_for_auto_class("AutoModelForImageClassification")
 NeuralInterpreterImageProcessor.register_for_auto_class("AutoImageProcessor")
+MultiTaskViTConfig.register_for_auto_class()
+MultiTaskViTModel.register_for_auto_class("AutoModel")
+MultiTaskViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
 
 __all__ = [
+    "MULTITASK_VIT_PRESETS",
     "PAPER_PRESETS",
+    "MultiTaskViTConfig",
+    "MultiTaskViTForImageClassification",
+    "MultiTaskViTModel",
+    "MultiTaskViTPreTrainedModel",
     "NeuralInterpreterConfig",
     "NeuralInterpreterForImageClassification",
     "NeuralInterpreterForSetRegression",

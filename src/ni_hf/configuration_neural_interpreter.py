@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -337,25 +338,32 @@ def _parse_override_value(text: str) -> Any:
         return text
 
 
-def config_argument_names() -> set[str]:
-    """The names of NeuralInterpreterConfig's own arguments (not those of PretrainedConfig's **kwargs)."""
+def config_argument_names(config_class: type[PretrainedConfig] | None = None) -> set[str]:
+    """The names of a config's own arguments (default NeuralInterpreterConfig), not those every config has."""
+    config_class = config_class or NeuralInterpreterConfig
+    common = {f.name for f in dataclasses.fields(PretrainedConfig)}
     return {
         name
-        for name, parameter in inspect.signature(NeuralInterpreterConfig.__init__).parameters.items()
-        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+        for name, parameter in inspect.signature(config_class.__init__).parameters.items()
+        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in common
     }
 
 
 def parse_config_overrides(
-    overrides: str | None, reserved: Iterable[str] = (), option: str = "--config_overrides"
+    overrides: str | None,
+    reserved: Iterable[str] = (),
+    option: str = "--config_overrides",
+    config_class: type[PretrainedConfig] | None = None,
 ) -> dict[str, Any]:
-    """Turn ``"key=value,key2=[1,2]"`` into a dict, checking every key is a NeuralInterpreterConfig argument.
+    """Turn ``"key=value,key2=[1,2]"`` into a dict, checking every key is an argument of ``config_class``.
 
-    ``reserved`` names arguments the caller sets itself (from the data, say): overriding one is an error.
+    ``config_class`` defaults to NeuralInterpreterConfig. ``reserved`` names arguments the caller sets itself (from
+    the data, say): overriding one is an error.
     """
     if not overrides or not overrides.strip():
         return {}
-    valid = config_argument_names()
+    config_class = config_class or NeuralInterpreterConfig
+    valid = config_argument_names(config_class)
     reserved = set(reserved)
     result: dict[str, Any] = {}
     for item in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", overrides.strip()):
@@ -366,7 +374,7 @@ def parse_config_overrides(
             raise ValueError(f"{option}: {key} is set by the script from its data and cannot be overridden.")
         if key not in valid:
             raise ValueError(
-                f"{option}: unknown setting {key!r}; NeuralInterpreterConfig accepts {sorted(valid)}."
+                f"{option}: unknown setting {key!r}; {config_class.__name__} accepts {sorted(valid)}."
             )
         result[key] = _parse_override_value(value)
     return result

@@ -1,0 +1,293 @@
+"""PyTorch multi-task ViT: the baseline of the paper's Figure 4a, with the Neural Interpreter's task scaffolding.
+
+As the reference's `MultiViT`, every sample carries one learned CLS token per task in front of its patch tokens,
+and each sample is classified by its own task's token through its own LayerNorm + Linear head; the encoder is
+transformers' pre-norm `ViTLayer`, the patch embedding transformers' `ViTPatchEmbeddings`. Positions are learned
+for the patch tokens only (the task tokens are told apart by their own values), and there is no final LayerNorm
+before the heads, which normalise themselves (as in the reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.models.vit.modeling_vit import ViTLayer, ViTPatchEmbeddings
+
+from .configuration_multitask_vit import MultiTaskViTConfig
+
+
+class MultiTaskViTEmbeddings(nn.Module):
+    """Task (CLS) tokens, then the patch embeddings plus learned positions."""
+
+    def __init__(self, config: MultiTaskViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.task_tokens = nn.Parameter(torch.empty(config.num_tasks, config.hidden_size))
+        self.patch_embeddings = ViTPatchEmbeddings(config)
+        self.position_embeddings = nn.Parameter(torch.empty(config.num_patches, config.hidden_size))
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def embed_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) images or (B, num_patches, patch_dim) patches -> (B, num_patches, d)."""
+        c = self.config
+        projection = self.patch_embeddings.projection
+        if pixel_values.dim() == 4:
+            if pixel_values.shape[1:] != (c.num_channels, c.image_size, c.image_size):
+                raise ValueError(
+                    f"Images must have shape (batch, {c.num_channels}, {c.image_size}, {c.image_size}), got "
+                    f"{tuple(pixel_values.shape)}; resize them with NeuralInterpreterImageProcessor."
+                )
+            return self.patch_embeddings(pixel_values.to(projection.weight.dtype))
+        if pixel_values.dim() != 3 or pixel_values.shape[1:] != (c.num_patches, c.patch_dim):
+            raise ValueError(
+                f"`pixel_values` must be images (batch, {c.num_channels}, {c.image_size}, {c.image_size}) or patches "
+                f"(batch, {c.num_patches}, {c.patch_dim}), got {tuple(pixel_values.shape)}."
+            )
+        # Patches come flattened as (row, col, channel), the image processor's layout: the convolution's
+        # (out, channel, row, col) kernel read in that order is the same projection as on the image.
+        weight = projection.weight.permute(0, 2, 3, 1).reshape(c.hidden_size, c.patch_dim)
+        return F.linear(pixel_values.to(weight.dtype), weight, projection.bias)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, T + num_patches, d): the T task tokens first."""
+        patches = self.embed_patches(pixel_values) + self.position_embeddings
+        tokens = self.task_tokens.to(patches.dtype).unsqueeze(0).expand(patches.shape[0], -1, -1)
+        return self.dropout(torch.cat([tokens, patches], dim=1))
+
+
+class MultiTaskViTHead(nn.Module):
+    """LayerNorm + Linear on one task token's output."""
+
+    def __init__(self, hidden_size: int, num_outputs: int, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.linear = nn.Linear(hidden_size, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(x))
+
+
+class MultiTaskViTPreTrainedModel(PreTrainedModel):
+    config_class = MultiTaskViTConfig
+    config: MultiTaskViTConfig
+    base_model_prefix = "vit"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["MultiTaskViTEmbeddings", "ViTLayer"]
+    _supports_sdpa = True
+    # Trainer must not assume the model averages the loss over processes itself (see HF-NOTES.md).
+    accepts_loss_kwargs = False
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save as transformers does; a checkpoint with copied code also names the backbone for `AutoModel`."""
+        if self._auto_class is not None:
+            auto_map = dict(getattr(self.config, "auto_map", None) or {})
+            auto_map.setdefault("AutoModel", "modeling_multitask_vit.MultiTaskViTModel")
+            self.config.auto_map = auto_map
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """ViT's init (truncated normal weights, learned positions); task tokens ~ N(0, 1) as the NI's."""
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            init.trunc_normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, MultiTaskViTEmbeddings):
+            init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
+            init.normal_(module.task_tokens)
+
+
+class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
+    """The backbone: task tokens and patch embeddings through pre-norm ViT layers."""
+
+    def __init__(self, config: MultiTaskViTConfig) -> None:
+        super().__init__(config)
+        self.config = config
+        self.embeddings = MultiTaskViTEmbeddings(config)
+        self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embeddings.patch_embeddings
+
+    @property
+    def task_tokens(self) -> nn.Parameter:
+        return self.embeddings.task_tokens
+
+    def reset_task_tokens(self, task_names: Sequence[str]) -> None:
+        """Replace the task (CLS) tokens by fresh N(0, 1) ones, one per new task (adaptation to new tasks)."""
+        self.config.task_names = list(task_names)
+        self.config.default_task = 0
+        self.config.validate_tasks()
+        ref = self.embeddings.task_tokens
+        self.embeddings.task_tokens = nn.Parameter(
+            torch.randn(len(task_names), ref.shape[1], device=ref.device, dtype=ref.dtype)
+        )
+
+    def add_task_tokens(self, task_names: Sequence[str]) -> list[int]:
+        """Append fresh N(0, 1) task (CLS) tokens for new tasks; the existing ones stay, unchanged.
+
+        Returns the indices of the new tasks; an image classifier needs a head per new task too (`add_tasks`).
+        """
+        names = list(task_names)
+        if not names or set(names) & set(self.config.task_names) or len(set(names)) != len(names):
+            raise ValueError(
+                f"`task_names` must be new, distinct names (existing: {self.config.task_names}); got {names}."
+            )
+        old = self.config.num_tasks
+        self.config.task_names = [*self.config.task_names, *names]
+        self.config.validate_tasks()
+        ref = self.embeddings.task_tokens
+        fresh = torch.randn(len(names), ref.shape[1], device=ref.device, dtype=ref.dtype)
+        self.embeddings.task_tokens = nn.Parameter(
+            torch.cat([ref.data, fresh]), requires_grad=ref.requires_grad
+        )
+        return list(range(old, old + len(names)))
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutputWithPooling | tuple:
+        r"""Run the layers on the task tokens and the patches.
+
+        Args:
+            pixel_values: images (B, C, H, W) or patches (B, num_patches, patch_dim) from the image processor.
+            output_hidden_states: return the tokens before the first and after every layer.
+
+        Returns `last_hidden_state` (B, T + num_patches, d) and `pooler_output` (B, T, d), the task tokens.
+        """
+        if pixel_values is None:
+            raise ValueError("`pixel_values` (images or patches) are required.")
+        c = self.config
+        output_hidden_states = (
+            c.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        return_dict = c.return_dict if return_dict is None else return_dict
+        hidden = self.embeddings(pixel_values)
+        all_hidden = (hidden,) if output_hidden_states else None
+        for layer in self.layers:
+            hidden = layer(hidden)
+            if output_hidden_states:
+                all_hidden += (hidden,)
+        pooled = hidden[:, : c.num_tasks]
+        if not return_dict:
+            return tuple(v for v in (hidden, pooled, all_hidden) if v is not None)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden
+        )
+
+
+def _resolve_task_ids(
+    task_ids: torch.Tensor | None, config: MultiTaskViTConfig, batch_size: int, device
+) -> torch.Tensor:
+    """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
+    # The Neural Interpreter's rule and messages, repeated so that a checkpoint's code needs no NI module.
+    if task_ids is None:
+        return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
+    task_ids = torch.as_tensor(task_ids, device=device).long().reshape(-1)
+    if task_ids.numel() == 1 and batch_size > 1:
+        task_ids = task_ids.expand(batch_size)
+    if task_ids.shape[0] != batch_size:
+        raise ValueError(
+            f"`task_ids` must have one entry per sample ({batch_size}), got {task_ids.shape[0]}."
+        )
+    if task_ids.numel() and (task_ids.min() < 0 or task_ids.max() >= config.num_tasks):
+        raise ValueError(
+            f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
+        )
+    return task_ids
+
+
+class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
+    """Multi-task image classifier: each sample's task id picks its CLS token output and its head."""
+
+    def __init__(self, config: MultiTaskViTConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.vit = MultiTaskViTModel(config)
+        self.classifier = nn.ModuleList(self._new_head() for _ in range(config.num_tasks))
+        self.post_init()
+
+    def _new_head(self) -> MultiTaskViTHead:
+        return MultiTaskViTHead(self.config.hidden_size, self.config.num_labels, self.config.layer_norm_eps)
+
+    def _fresh_heads(self, count: int) -> list[MultiTaskViTHead]:
+        """`count` heads initialised as the model's own, on its device and in its dtype."""
+        ref = self.vit.embeddings.task_tokens
+        heads = [self._new_head() for _ in range(count)]
+        for head in heads:
+            head.apply(self._init_weights)
+        return [head.to(device=ref.device, dtype=ref.dtype) for head in heads]
+
+    def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
+        """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
+        if num_labels is not None:
+            self.config.num_labels = self.num_labels = num_labels
+        self.vit.reset_task_tokens(task_names)
+        self.classifier = nn.ModuleList(self._fresh_heads(len(task_names)))
+
+    def add_tasks(self, task_names: Sequence[str]) -> list[int]:
+        """Append a fresh CLS token and head per new task (same number of labels); returns their indices."""
+        indices = self.vit.add_task_tokens(task_names)
+        self.classifier.extend(self._fresh_heads(len(indices)))
+        return indices
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        task_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ImageClassifierOutput | tuple:
+        r"""Logits of each sample's task head; cross-entropy loss when `labels` are given.
+
+        Args:
+            task_ids: (B,) index of each sample's task in `config.task_names` (default `config.default_task`).
+            labels: (B,) class indices.
+            Other arguments as in `MultiTaskViTModel.forward`.
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.vit(
+            pixel_values=pixel_values, output_hidden_states=output_hidden_states, return_dict=True
+        )
+        pooled = outputs.pooler_output  # (B, T, d)
+        rows = torch.arange(pooled.shape[0], device=pooled.device)
+        task_ids = _resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
+        own_token = pooled[rows, task_ids]  # (B, d)
+        if len(self.classifier) == 1:
+            logits = self.classifier[0](own_token)
+        else:
+            logits = torch.stack([head(own_token) for head in self.classifier], dim=1)[rows, task_ids]
+        loss = None
+        if labels is not None:
+            labels = labels.to(logits.device).long().reshape(-1)
+            if labels.shape[0] != logits.shape[0]:
+                raise ValueError(
+                    f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."
+                )
+            loss = F.cross_entropy(logits.float(), labels)
+        if not return_dict:
+            return tuple(v for v in (loss, logits, outputs.hidden_states) if v is not None)
+        return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+__all__ = [
+    "MultiTaskViTPreTrainedModel",
+    "MultiTaskViTModel",
+    "MultiTaskViTForImageClassification",
+]
