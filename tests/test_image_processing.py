@@ -364,3 +364,24 @@ def test_patch_size_must_divide_size(processor: NeuralInterpreterImageProcessor)
     # Without patchifying, any patch_size is accepted.
     plain_proc = NeuralInterpreterImageProcessor(patch_size=5, do_patchify=False)
     assert plain_proc(RGB32)["pixel_values"][0].shape == (3, 32, 32)
+
+
+def test_boolean_array_reads_as_black_and_white_like_pil_mode_1(
+    processor: NeuralInterpreterImageProcessor,
+) -> None:
+    mask = np.zeros((32, 32), dtype=bool)
+    mask[:, 16:] = True
+    as_pil = PIL.Image.fromarray(mask.astype(np.uint8) * 255).convert("1")
+    expected = processor(images=as_pil, return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(processor(images=mask, return_tensors="np")["pixel_values"], expected)
+    assert expected.max() == 1.0 and expected.min() == -1.0
+
+
+def test_sixteen_bit_values_are_flagged(processor: NeuralInterpreterImageProcessor) -> None:
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    logger = logging.get_logger("ni_hf.image_processing_neural_interpreter")
+    with CaptureLogger(logger) as captured:
+        processor(images=np.full((32, 32), 60000, dtype=np.uint16), return_tensors="np")
+    assert "above 255" in captured.out

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ni_hf
 from ni_hf import (
@@ -671,10 +672,14 @@ def test_set_regression_gradients_reach_every_parameter(tester):
     model = NeuralInterpreterForSetRegression(config).train()
     out = model(inputs=torch.rand(4, config.num_input_variables), labels=torch.rand(4, config.num_tasks))
     out.loss.backward()
+    # DDP without find_unused_parameters needs exactly this: every trainable tensor gets a gradient.
     unused = {"neural_interpreter.patch_embedding.weight", "neural_interpreter.patch_embedding.bias"}
     for name, p in model.named_parameters():
-        if name not in unused:
-            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        if name in unused:
+            assert not p.requires_grad and p.grad is None, name
+        else:
+            assert p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0, name
+    assert model.get_input_embeddings() is model.input_projection
 
 
 @pytest.mark.parametrize("bilinear", [False, True])
@@ -878,7 +883,12 @@ def test_bad_configs_raise_clear_errors(tester, overrides, match):
 
 @pytest.mark.parametrize("std", [0.02, 1.0])
 def test_set_inputs_positional_embeddings_start_at_the_configured_scale(tester, std):
-    config = tester.get_config(input_position_embedding_std=std, num_input_variables=64, hidden_size=32)
+    config = tester.get_config(
+        input_position_embedding_std=std,
+        num_input_variables=64,
+        hidden_size=32,
+        use_relative_positional_bias=False,
+    )
     model = NeuralInterpreterForSetRegression(config)
     assert model.input_position_embeddings.std().item() == pytest.approx(std, rel=0.1)
     reloaded = NeuralInterpreterConfig.from_dict(config.to_dict())
@@ -889,7 +899,10 @@ def test_positions_every_loc_are_hidden_from_the_first_type_inference_but_reach_
     """With `every_loc`, equal inputs get equal first types (no positions yet) yet distinct outputs."""
     torch.manual_seed(0)
     config = tester.get_config(
-        num_input_variables=4, input_position_embedding_placement="every_loc", num_function_iterations=1
+        num_input_variables=4,
+        input_position_embedding_placement="every_loc",
+        num_function_iterations=1,
+        use_relative_positional_bias=False,
     )
     model = NeuralInterpreterForSetRegression(config).eval()
     inputs = torch.full((2, 4), 0.3)
@@ -988,7 +1001,9 @@ def test_add_functions_extends_every_script_and_reloads(tester, tmp_path):
 
 
 def test_add_task_tokens_keeps_the_old_tokens_in_the_set_and_reloads(tester, tmp_path):
-    config = tester.get_config(task_names=["a", "b"], num_input_variables=5)
+    config = tester.get_config(
+        task_names=["a", "b"], num_input_variables=5, use_relative_positional_bias=False
+    )
     model = NeuralInterpreterForSetRegression(config).eval()
     old = model.neural_interpreter.task_tokens.detach().clone()
     new = model.neural_interpreter.add_task_tokens(["c", "d", "e"])
@@ -1008,7 +1023,7 @@ def test_add_task_tokens_keeps_the_old_tokens_in_the_set_and_reloads(tester, tmp
     assert again.config.task_names == ["a", "b", "c", "d", "e"]
     torch.testing.assert_close(again(inputs=x).predictions, model(inputs=x).predictions)
     for bad in ([], ["a"], ["f", "f"]):
-        with pytest.raises(ValueError, match="new, distinct names"):
+        with pytest.raises(ValueError, match="new, distinct names|at least one task|must be distinct"):
             model.neural_interpreter.add_task_tokens(bad)
 
 
@@ -1084,3 +1099,142 @@ def test_routing_density_restores_the_callers_training_mode(tester):
     with pytest.raises(ValueError, match="at least one batch"):
         routing_density(model, [])
     assert model.training
+
+
+# --- robustness of the public API (found by an audit as a transformers user) ------------------------------
+
+
+def test_refused_reset_tasks_leaves_the_model_unchanged(tester):
+    model = NeuralInterpreterForImageClassification(tester.get_config()).eval()
+    inputs = tester.prepare_inputs(tester.get_config())
+    before = model(**inputs).logits
+    for names, num_labels in (([], 3), (["x", "x"], None), ("mnist", None), (["x"], 0)):
+        with pytest.raises(ValueError, match="task_names|num_labels"):
+            model.reset_tasks(names, num_labels=num_labels)
+    assert model.config.task_names == ["a", "b"] and model.config.num_labels == 5
+    torch.testing.assert_close(model(**inputs).logits, before)
+
+
+def test_add_tasks_gives_each_new_task_a_token_and_a_head_and_survives_save_load(tester, tmp_path):
+    config = tester.get_config(initializer_range=0.02)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    inputs = tester.prepare_inputs(config)
+    old_tokens = model.neural_interpreter.task_tokens.detach().clone()
+    old_head = copy.deepcopy(model.classifier[1].state_dict())
+    assert model.add_tasks(["c", "d"]) == [2, 3]
+    assert model.config.task_names == ["a", "b", "c", "d"] and len(model.classifier) == 4
+    # The old tokens and heads are kept (their outputs move: every sample's set now holds the new tokens too);
+    # the new heads are initialised as the model's own (std 0.02, zero bias).
+    torch.testing.assert_close(model.neural_interpreter.task_tokens[:2], old_tokens)
+    for name, value in model.classifier[1].state_dict().items():
+        torch.testing.assert_close(value, old_head[name])
+    assert model.classifier[3].linear.weight.std() < 0.05 and not model.classifier[3].linear.bias.any()
+    out = model(pixel_values=inputs["pixel_values"], task_ids=torch.tensor([3, 2, 0]))
+    model.save_pretrained(tmp_path)
+    reloaded = NeuralInterpreterForImageClassification.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(
+        reloaded(pixel_values=inputs["pixel_values"], task_ids=torch.tensor([3, 2, 0])).logits, out.logits
+    )
+
+
+def test_tasks_changed_on_the_backbone_alone_give_a_clear_error(tester):
+    model = NeuralInterpreterForImageClassification(tester.get_config()).eval()
+    model.neural_interpreter.add_task_tokens(["c"])
+    with pytest.raises(ValueError, match="add_tasks"):
+        model(**tester.prepare_inputs(tester.get_config()))
+
+
+def test_problem_type_follows_transformers_classifiers(tester):
+    x = torch.randn(4, 16, 12)
+    regression = NeuralInterpreterForImageClassification(tester.get_config(num_labels=1))
+    targets = torch.tensor([0.3, 0.7, 0.5, 0.9])
+    out = regression(pixel_values=x, labels=targets)
+    assert regression.config.problem_type == "regression"
+    torch.testing.assert_close(out.loss, F.mse_loss(out.logits.squeeze(-1), targets))
+    out.loss.backward()
+    assert regression.classifier[0].linear.weight.grad.abs().sum() > 0
+
+    multi = NeuralInterpreterForImageClassification(tester.get_config())
+    labels = (torch.rand(4, 5) > 0.5).float()
+    out = multi(pixel_values=x, labels=labels)
+    assert multi.config.problem_type == "multi_label_classification"
+    torch.testing.assert_close(out.loss, F.binary_cross_entropy_with_logits(out.logits, labels))
+    with pytest.raises(ValueError, match=r"\(batch, num_labels\)"):
+        multi(pixel_values=x, labels=torch.tensor([1.0, 2.0, 0.0, 1.0]))
+
+    single = NeuralInterpreterForImageClassification(tester.get_config())
+    out = single(pixel_values=x, labels=torch.tensor([1, 2, 0, 4]))
+    assert single.config.problem_type == "single_label_classification"
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, torch.tensor([1, 2, 0, 4])))
+    with pytest.raises(ValueError, match="integer class indices"):
+        single(pixel_values=x, labels=torch.tensor([1.7, 2.2, 0.0, 4.0]))
+
+
+def test_float_task_ids_are_refused_not_truncated(tester):
+    model = NeuralInterpreterForImageClassification(tester.get_config())
+    with pytest.raises(ValueError, match="integer task indices"):
+        model(pixel_values=torch.randn(2, 16, 12), task_ids=torch.tensor([0.9, 1.7]))
+
+
+def test_set_regression_refuses_a_positional_bias_it_would_never_use(tester):
+    with pytest.raises(ValueError, match="use_relative_positional_bias"):
+        NeuralInterpreterForSetRegression(tester.get_config(use_relative_positional_bias=True))
+
+
+def test_frozen_unused_patch_embedding_stays_frozen_after_loading(tester, tmp_path):
+    model = NeuralInterpreterForSetRegression(tester.get_config(use_relative_positional_bias=False))
+    model.save_pretrained(tmp_path)
+    reloaded = NeuralInterpreterForSetRegression.from_pretrained(tmp_path)
+    assert not reloaded.neural_interpreter.patch_embedding.weight.requires_grad
+    assert reloaded.get_input_embeddings() is reloaded.input_projection
+    assert reloaded.num_parameters(only_trainable=True) == model.num_parameters(only_trainable=True)
+    assert model.num_parameters(only_trainable=True) < model.num_parameters()
+
+
+def test_double_backward_works_with_eager_and_says_so_with_sdpa(tester):
+    """Gradient penalties need create_graph=True: eager supports it, sdpa's hand-written backwards name eager."""
+    config = tester.get_config()
+    inputs = tester.prepare_inputs(config)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config)
+    tokens = model.neural_interpreter.task_tokens
+    model.set_attn_implementation("eager")
+    (grad,) = torch.autograd.grad(model(**inputs).loss, tokens, create_graph=True)
+    (second,) = torch.autograd.grad(grad.pow(2).sum(), tokens)
+    assert torch.isfinite(second).all() and second.abs().sum() > 0
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match="attn_implementation='eager'"):
+        torch.autograd.grad(model(**inputs).loss, tokens, create_graph=True)
+
+
+def test_empty_batch_gives_a_clear_error(tester):
+    config = tester.get_config(use_relative_positional_bias=False)
+    with pytest.raises(ValueError, match="empty batch"):
+        NeuralInterpreterForImageClassification(config)(pixel_values=torch.randn(0, 16, 12))
+    with pytest.raises(ValueError, match="empty batch"):
+        NeuralInterpreterForSetRegression(config)(inputs=torch.rand(0, config.num_input_variables))
+
+
+def test_forward_options_accept_tensors_and_name_bad_values(tester):
+    model = NeuralInterpreterForImageClassification(tester.get_config()).eval()
+    x = torch.randn(2, 16, 12)
+    as_list = model(pixel_values=x, disabled_functions=[0, 2]).logits
+    torch.testing.assert_close(model(pixel_values=x, disabled_functions=torch.tensor([0, 2])).logits, as_list)
+    torch.testing.assert_close(
+        model(pixel_values=x, num_function_iterations=torch.tensor(1)).logits,
+        model(pixel_values=x, num_function_iterations=1).logits,
+    )
+    with pytest.raises(ValueError, match="script indices 0..1"):
+        model(pixel_values=x, disabled_functions={2: [0]})
+    with pytest.raises(ValueError, match="num_function_iterations"):
+        model(pixel_values=x, num_function_iterations=[1.5, 1])
+    with pytest.raises(ValueError, match="num_new"):
+        model.neural_interpreter.add_functions(1.5)
+
+
+def test_inputs_embeds_take_the_model_dtype(tester):
+    model = NeuralInterpreterModel(tester.get_config()).eval()
+    x = torch.randn(2, 7, 16)
+    torch.testing.assert_close(
+        model(inputs_embeds=x.double()).last_hidden_state, model(inputs_embeds=x).last_hidden_state
+    )

@@ -476,3 +476,37 @@ def test_function_studies_refuse_a_vit_checkpoint(vit_run, run_digits_adaptation
     ):
         run_digits_adaptation.main(adaptation_args(checkpoint, tmp_path / "x", "--studies", studies))
     assert not (tmp_path / "x" / "adaptation_results.json").exists()
+
+
+# --- robustness of the public API -------------------------------------------------------------------------
+
+
+def test_refused_reset_tasks_leaves_the_model_unchanged(tester):
+    config = tester.get_config()
+    model = MultiTaskViTForImageClassification(config).eval()
+    inputs = tester.prepare_inputs(config)
+    before = model(**inputs).logits
+    for names, num_labels in (([], 3), (["x", "x"], None), ("mnist", None), (["x"], 0)):
+        with pytest.raises(ValueError, match="task_names|num_labels"):
+            model.reset_tasks(names, num_labels=num_labels)
+    assert model.config.task_names == ["a", "b", "c"] and model.config.num_labels == 5
+    torch.testing.assert_close(model(**inputs).logits, before)
+
+
+def test_one_label_is_regression_as_in_transformers(tester):
+    model = MultiTaskViTForImageClassification(tester.get_config(num_labels=1))
+    x = tester.prepare_inputs(tester.get_config())["pixel_values"]
+    targets = torch.rand(x.shape[0])
+    out = model(pixel_values=x, labels=targets)
+    assert model.config.problem_type == "regression"
+    torch.testing.assert_close(out.loss, F.mse_loss(out.logits.squeeze(-1), targets))
+
+
+def test_empty_batch_and_float_task_ids_give_clear_errors(tester):
+    config = tester.get_config()
+    model = MultiTaskViTForImageClassification(config)
+    x = tester.prepare_inputs(config)["pixel_values"]
+    with pytest.raises(ValueError, match="empty batch"):
+        model(pixel_values=x[:0])
+    with pytest.raises(ValueError, match="integer task indices"):
+        model(pixel_values=x[:2], task_ids=torch.tensor([0.9, 1.7]))

@@ -129,6 +129,7 @@ CONFIGS = {
         task_names=["a", "b", "c"],
         num_labels=1,
         outer_residual=True,
+        use_relative_positional_bias=False,
     ),
 }
 # The same two with the positions re-added inside every LOC (the reference's layerwise positional encoding).

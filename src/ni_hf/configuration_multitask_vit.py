@@ -27,6 +27,35 @@ MULTITASK_VIT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Label names that `from_paper` gives a preset unless the caller sets the labels.
+MULTITASK_VIT_PRESET_ID2LABEL: dict[str, dict[int, str]] = {"digits": {i: str(i) for i in range(10)}}
+
+
+# A copy of `configuration_neural_interpreter.validate_task_names`: a ViT checkpoint's copied remote code
+# holds only this module and the modeling one, so neither may import the Neural Interpreter's modules.
+def _validate_task_names(task_names: Any) -> list[str]:
+    """A new list of the task names; a ValueError unless they are a non-empty sequence of distinct names."""
+    # A string is iterable: list("mnist") would silently make five one-letter tasks.
+    if isinstance(task_names, (str, bytes)):
+        raise ValueError(f"`task_names` must be a list of names, got the string {task_names!r}.")
+    # A task's index is its id: a set's order changes from one process to the next.
+    if isinstance(task_names, (set, frozenset)):
+        raise ValueError(f"`task_names` must be an ordered list of names, got the set {task_names!r}.")
+    try:
+        names = list(task_names)
+    except TypeError:
+        raise ValueError(f"`task_names` must be a list of names, got {task_names!r}.") from None
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"`task_names` must hold non-empty strings, got {name!r} in {names!r}.")
+    if not names:
+        raise ValueError("`task_names` must name at least one task, got an empty list.")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"`task_names` must be distinct, got {repeated} more than once in {names!r}.")
+    return [str(name) for name in names]
+
+
 @strict
 class MultiTaskViTConfig(ViTConfig):
     r"""A `ViTConfig` with one learned CLS token and one LayerNorm + Linear head per task.
@@ -43,7 +72,9 @@ class MultiTaskViTConfig(ViTConfig):
     default_task: int = 0
 
     def __post_init__(self, **kwargs: Any) -> None:
-        self.task_names = list(self.task_names) if self.task_names is not None else ["default"]
+        self.task_names = (
+            _validate_task_names(self.task_names) if self.task_names is not None else ["default"]
+        )
         super().__post_init__(**kwargs)
         self.validate_tasks()
 
@@ -52,7 +83,33 @@ class MultiTaskViTConfig(ViTConfig):
         """The paper's ViT baseline: "digits" (1,809,438 parameters with its three heads, paper: 1.80M)."""
         if name not in MULTITASK_VIT_PRESETS:
             raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(MULTITASK_VIT_PRESETS)}.")
-        return cls(**{**MULTITASK_VIT_PRESETS[name], **overrides})
+        settings = {**MULTITASK_VIT_PRESETS[name], **overrides}
+        if "id2label" in overrides and "num_labels" not in overrides:
+            # The caller's id2label sets the number of labels; the preset's num_labels would conflict with it.
+            settings.pop("num_labels", None)
+        id2label = MULTITASK_VIT_PRESET_ID2LABEL.get(name)
+        if (
+            id2label is not None
+            and not {"id2label", "label2id"} & overrides.keys()
+            and settings.get("num_labels") == len(id2label)
+        ):
+            settings["id2label"] = dict(id2label)
+            settings["label2id"] = {label: i for i, label in id2label.items()}
+        return cls(**settings)
+
+    @classmethod
+    def from_dict(
+        cls, config_dict: dict[str, Any], **kwargs: Any
+    ) -> MultiTaskViTConfig | tuple[MultiTaskViTConfig, dict[str, Any]]:
+        """As `PretrainedConfig.from_dict`, and validated again: it sets the kwargs after `__init__`."""
+        result = super().from_dict(config_dict, **kwargs)
+        config = result[0] if isinstance(result, tuple) else result
+        if config.task_names is None:
+            config.task_names = ["default"]
+        else:
+            config.task_names = _validate_task_names(config.task_names)
+        config.validate_tasks()
+        return result
 
     @property
     def num_tasks(self) -> int:
@@ -72,9 +129,10 @@ class MultiTaskViTConfig(ViTConfig):
 
     def validate_tasks(self) -> None:
         """Raise a ValueError naming what was expected for inconsistent task settings or geometry."""
-        if not self.task_names or len(set(self.task_names)) != len(self.task_names):
+        _validate_task_names(self.task_names)
+        if not isinstance(self.default_task, int) or isinstance(self.default_task, bool):
             raise ValueError(
-                f"`task_names` must be a non-empty list of distinct names, got {self.task_names!r}."
+                f"`default_task` must be an integer index of `task_names`, got {self.default_task!r}."
             )
         if not 0 <= self.default_task < len(self.task_names):
             raise ValueError(

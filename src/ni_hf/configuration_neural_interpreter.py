@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -13,6 +14,27 @@ from transformers import PretrainedConfig
 
 # Where the learned positions of set inputs enter: once at the input, or inside every LOC (the reference's default).
 POSITION_PLACEMENTS = ("input", "every_loc")
+
+# Settings that must be real numbers (int or float, not bool), and those that must be bools.
+FLOAT_SETTINGS = (
+    "truncation_tau",
+    "sigma_init",
+    "kernel_eps",
+    "attention_eps",
+    "input_position_embedding_std",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "layer_norm_eps",
+)
+BOOL_SETTINGS = (
+    "straight_through",
+    "outer_residual",
+    "freeze_signatures",
+    "freeze_codes",
+    "freeze_patch_embedding",
+    "use_relative_positional_bias",
+    "share_task_tokens",
+)
 
 # Appendix tables of the paper, as settled in SPEC.md.
 PAPER_PRESETS: dict[str, dict[str, Any]] = {
@@ -77,6 +99,65 @@ PAPER_PRESETS: dict[str, dict[str, Any]] = {
         use_relative_positional_bias=False,
     ),
 }
+
+
+# Label names that `from_paper` gives a preset unless the caller sets the labels (kept out of PAPER_PRESETS,
+# where they would override a caller's `num_labels`).
+PRESET_ID2LABEL: dict[str, dict[int, str]] = {"digits": {i: str(i) for i in range(10)}}
+
+
+def validate_task_names(task_names: Any) -> list[str]:
+    """A new list of the task names; a ValueError unless they are a non-empty sequence of distinct names."""
+    # A string is iterable: list("mnist") would silently make five one-letter tasks.
+    if isinstance(task_names, (str, bytes)):
+        raise ValueError(f"`task_names` must be a list of names, got the string {task_names!r}.")
+    # A task's index is its id: a set's order changes from one process to the next.
+    if isinstance(task_names, (set, frozenset)):
+        raise ValueError(f"`task_names` must be an ordered list of names, got the set {task_names!r}.")
+    try:
+        names = list(task_names)
+    except TypeError:
+        raise ValueError(f"`task_names` must be a list of names, got {task_names!r}.") from None
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"`task_names` must hold non-empty strings, got {name!r} in {names!r}.")
+    if not names:
+        raise ValueError("`task_names` must name at least one task, got an empty list.")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"`task_names` must be distinct, got {repeated} more than once in {names!r}.")
+    return [str(name) for name in names]
+
+
+def _is_real(value: Any) -> bool:
+    """Whether `value` is a finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _preset_settings(
+    presets: dict[str, dict[str, Any]],
+    labels: dict[str, dict[int, str]],
+    name: str,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """A preset's settings with the caller's overrides, and its label names unless the caller sets labels."""
+    settings = {**presets[name], **overrides}
+    if "id2label" in overrides and "num_labels" not in overrides:
+        # The caller's id2label sets the number of labels; the preset's num_labels would conflict with it.
+        settings.pop("num_labels", None)
+    id2label = labels.get(name)
+    if (
+        id2label is not None
+        and not {"id2label", "label2id"} & overrides.keys()
+        and settings.get("num_labels") == len(id2label)
+    ):
+        settings["id2label"] = dict(id2label)
+        settings["label2id"] = {label: i for i, label in id2label.items()}
+    return settings
 
 
 class NeuralInterpreterConfig(PretrainedConfig):
@@ -187,7 +268,7 @@ class NeuralInterpreterConfig(PretrainedConfig):
         self.patch_size = patch_size
         self.num_channels = num_channels
         self.use_relative_positional_bias = use_relative_positional_bias
-        self.task_names = list(task_names) if task_names is not None else ["default"]
+        self.task_names = validate_task_names(task_names) if task_names is not None else ["default"]
         self.share_task_tokens = share_task_tokens
         self.default_task = default_task
         self.num_input_variables = num_input_variables
@@ -205,7 +286,21 @@ class NeuralInterpreterConfig(PretrainedConfig):
         """Config of a preset of the paper's appendix tables: "digits", "fuzzy_boolean" or "pgm"."""
         if name not in PAPER_PRESETS:
             raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(PAPER_PRESETS)}.")
-        return cls(**{**PAPER_PRESETS[name], **overrides})
+        return cls(**_preset_settings(PAPER_PRESETS, PRESET_ID2LABEL, name, overrides))
+
+    @classmethod
+    def from_dict(
+        cls, config_dict: dict[str, Any], **kwargs: Any
+    ) -> NeuralInterpreterConfig | tuple[NeuralInterpreterConfig, dict[str, Any]]:
+        """As `PretrainedConfig.from_dict`, and validated again: it sets the kwargs after `__init__`."""
+        result = super().from_dict(config_dict, **kwargs)
+        config = result[0] if isinstance(result, tuple) else result
+        if config.task_names is None:
+            config.task_names = ["default"]
+        else:
+            config.task_names = validate_task_names(config.task_names)
+        config.validate_neural_interpreter()
+        return result
 
     # --- derived sizes -------------------------------------------------------------------------
 
@@ -256,13 +351,31 @@ class NeuralInterpreterConfig(PretrainedConfig):
         ]
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_positive_int(value):
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        for name in FLOAT_SETTINGS:
+            value = getattr(self, name)
+            if not _is_real(value):
+                raise ValueError(f"`{name}` must be a finite real number (int or float), got {value!r}.")
+        if self.initializer_range is not None and not _is_real(self.initializer_range):
+            raise ValueError(
+                "`initializer_range` must be None or a finite real number (int or float), got "
+                f"{self.initializer_range!r}."
+            )
+        for name in BOOL_SETTINGS:
+            value = getattr(self, name)
+            # bool(value) would read any non-empty string ("no", "false") as True.
+            if not isinstance(value, bool):
+                raise ValueError(f"`{name}` must be True or False, got {value!r}.")
         n = self.num_function_iterations
-        if isinstance(n, int):
+        if isinstance(n, int) and not isinstance(n, bool):
             if n < 1:
                 raise ValueError(f"`num_function_iterations` must be >= 1, got {n}.")
-        elif not (isinstance(n, (list, tuple)) and len(n) == self.num_scripts and all(k >= 1 for k in n)):
+        elif not (
+            isinstance(n, (list, tuple))
+            and len(n) == self.num_scripts
+            and all(_is_positive_int(k) for k in n)
+        ):
             raise ValueError(
                 "`num_function_iterations` must be a positive int or a list of one positive int per script "
                 f"(num_scripts={self.num_scripts}), got {n!r}."
@@ -278,24 +391,27 @@ class NeuralInterpreterConfig(PretrainedConfig):
             )
         if self.sigma_init <= 0:
             raise ValueError(f"`sigma_init` must be > 0, got {self.sigma_init}.")
-        if self.input_position_embedding_std < 0:
-            raise ValueError(
-                f"`input_position_embedding_std` must be >= 0, got {self.input_position_embedding_std}."
-            )
+        for name in ("kernel_eps", "attention_eps", "input_position_embedding_std"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)!r}.")
+        # LayerNorm divides by sqrt(var + eps): NaN wherever var < -eps, and 1/0 on constant inputs at eps = 0.
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps!r}.")
+        if self.initializer_range is not None and self.initializer_range <= 0:
+            raise ValueError(f"`initializer_range` must be None or > 0, got {self.initializer_range!r}.")
         if self.input_position_embedding_placement not in POSITION_PLACEMENTS:
             raise ValueError(
                 f"`input_position_embedding_placement` must be one of {POSITION_PLACEMENTS}, got "
                 f"{self.input_position_embedding_placement!r}."
             )
-        if self.kernel_eps < 0 or self.attention_eps < 0:
-            raise ValueError("`kernel_eps` and `attention_eps` must be >= 0.")
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"`patch_size` ({self.patch_size}) must divide `image_size` ({self.image_size})."
             )
-        if not self.task_names or len(set(self.task_names)) != len(self.task_names):
+        validate_task_names(self.task_names)
+        if not isinstance(self.default_task, int) or isinstance(self.default_task, bool):
             raise ValueError(
-                f"`task_names` must be a non-empty list of distinct names, got {self.task_names!r}."
+                f"`default_task` must be an integer index of `task_names`, got {self.default_task!r}."
             )
         if not 0 <= self.default_task < len(self.task_names):
             raise ValueError(
@@ -323,7 +439,7 @@ def vit_baseline_config(**overrides: Any):
     return ViTConfig(**{**settings, **overrides})
 
 
-__all__ = ["NeuralInterpreterConfig", "PAPER_PRESETS", "vit_baseline_config"]
+__all__ = ["NeuralInterpreterConfig", "PAPER_PRESETS", "validate_task_names", "vit_baseline_config"]
 
 
 def _parse_override_value(text: str) -> Any:
@@ -370,6 +486,13 @@ def parse_config_overrides(
         if "=" not in item:
             raise ValueError(f"{option}: expected key=value, got {item!r} in {overrides!r}.")
         key, value = (part.strip() for part in item.split("=", 1))
+        if "," in value and not value.startswith(("[", "{", '"')):
+            # The split above keeps a bare name after a comma glued to the previous value.
+            first, *rest = (part.strip() for part in value.split(","))
+            raise ValueError(
+                f"{option}: expected key=value items, got {rest[-1]!r} without a value (after {key}={first}); "
+                "a value that holds commas must be a JSON list, e.g. num_function_iterations=[2,1]."
+            )
         if key in reserved:
             raise ValueError(f"{option}: {key} is set by the script from its data and cannot be overridden.")
         if key not in valid:

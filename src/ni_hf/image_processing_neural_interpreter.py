@@ -291,6 +291,8 @@ class NeuralInterpreterImageProcessor(PilBackend):
                 f"Unsupported image type {type(image).__name__}: expected a PIL.Image.Image, numpy.ndarray or "
                 "torch.Tensor."
             )
+        if image.dtype == np.bool_:
+            image = image.astype(np.uint8) * 255  # a binary image: True is white, as PIL's mode "1"
         return _array_to_rgb_chw(image, input_data_format)
 
     def resize(
@@ -337,6 +339,12 @@ class NeuralInterpreterImageProcessor(PilBackend):
             logger.warning_once(
                 "It looks like you are rescaling float images already in [0, 1] (they are multiplied by "
                 "rescale_factor=1/255 like uint8 images). If so, pass do_rescale=False."
+            )
+        if do_rescale and any(image.size and image.max() > 255 for image in images):
+            logger.warning_once(
+                "Some images have values above 255 (16-bit data?): they are multiplied by rescale_factor=1/255 "
+                "like uint8 images and fall outside the trained range. Convert them to 8 bits, or set "
+                "rescale_factor to 1 / (their maximum value)."
             )
         batch = super()._preprocess(images, do_rescale=do_rescale, return_tensors=None, **kwargs)
         pixel_values = [np.asarray(image, dtype=np.float32) for image in batch["pixel_values"]]

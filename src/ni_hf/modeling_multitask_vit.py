@@ -19,7 +19,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 from transformers.models.vit.modeling_vit import ViTLayer, ViTPatchEmbeddings
 
-from .configuration_multitask_vit import MultiTaskViTConfig
+from .configuration_multitask_vit import MultiTaskViTConfig, _validate_task_names
 
 
 class MultiTaskViTEmbeddings(nn.Module):
@@ -128,12 +128,13 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
 
     def reset_task_tokens(self, task_names: Sequence[str]) -> None:
         """Replace the task (CLS) tokens by fresh N(0, 1) ones, one per new task (adaptation to new tasks)."""
-        self.config.task_names = list(task_names)
+        # Validate before any change: a refused call leaves the model as it was.
+        names = _validate_task_names(task_names)
+        self.config.task_names = names
         self.config.default_task = 0
-        self.config.validate_tasks()
         ref = self.embeddings.task_tokens
         self.embeddings.task_tokens = nn.Parameter(
-            torch.randn(len(task_names), ref.shape[1], device=ref.device, dtype=ref.dtype)
+            torch.randn(len(names), ref.shape[1], device=ref.device, dtype=ref.dtype)
         )
 
     def add_task_tokens(self, task_names: Sequence[str]) -> list[int]:
@@ -141,14 +142,13 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
 
         Returns the indices of the new tasks; an image classifier needs a head per new task too (`add_tasks`).
         """
-        names = list(task_names)
-        if not names or set(names) & set(self.config.task_names) or len(set(names)) != len(names):
+        names = _validate_task_names(task_names)
+        if set(names) & set(self.config.task_names):
             raise ValueError(
                 f"`task_names` must be new, distinct names (existing: {self.config.task_names}); got {names}."
             )
         old = self.config.num_tasks
         self.config.task_names = [*self.config.task_names, *names]
-        self.config.validate_tasks()
         ref = self.embeddings.task_tokens
         fresh = torch.randn(len(names), ref.shape[1], device=ref.device, dtype=ref.dtype)
         self.embeddings.task_tokens = nn.Parameter(
@@ -172,6 +172,8 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         """
         if pixel_values is None:
             raise ValueError("`pixel_values` (images or patches) are required.")
+        if pixel_values.shape[0] == 0:
+            raise ValueError("Got an empty batch (0 samples); pass at least one image.")
         c = self.config
         output_hidden_states = (
             c.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -198,7 +200,10 @@ def _resolve_task_ids(
     # The Neural Interpreter's rule and messages, repeated so that a checkpoint's code needs no NI module.
     if task_ids is None:
         return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
-    task_ids = torch.as_tensor(task_ids, device=device).long().reshape(-1)
+    task_ids = torch.as_tensor(task_ids, device=device)
+    if task_ids.is_floating_point() or task_ids.is_complex() or task_ids.dtype == torch.bool:
+        raise ValueError(f"`task_ids` must be integer task indices, got {task_ids.dtype} values.")
+    task_ids = task_ids.long().reshape(-1)
     if task_ids.numel() == 1 and batch_size > 1:
         task_ids = task_ids.expand(batch_size)
     if task_ids.shape[0] != batch_size:
@@ -235,10 +240,16 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
 
     def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
         """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
+        # Validate before any change: a refused call leaves the model as it was.
+        names = _validate_task_names(task_names)
+        if num_labels is not None and (
+            not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1
+        ):
+            raise ValueError(f"`num_labels` must be a positive integer, got {num_labels!r}.")
         if num_labels is not None:
             self.config.num_labels = self.num_labels = num_labels
-        self.vit.reset_task_tokens(task_names)
-        self.classifier = nn.ModuleList(self._fresh_heads(len(task_names)))
+        self.vit.reset_task_tokens(names)
+        self.classifier = nn.ModuleList(self._fresh_heads(len(names)))
 
     def add_tasks(self, task_names: Sequence[str]) -> list[int]:
         """Append a fresh CLS token and head per new task (same number of labels); returns their indices."""
@@ -254,11 +265,12 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> ImageClassifierOutput | tuple:
-        r"""Logits of each sample's task head; cross-entropy loss when `labels` are given.
+        r"""Logits of each sample's task head; the loss of `config.problem_type` when `labels` are given.
 
         Args:
             task_ids: (B,) index of each sample's task in `config.task_names` (default `config.default_task`).
-            labels: (B,) class indices.
+            labels: (B,) class indices (cross-entropy); (B, num_labels) floats for multi-label classification or
+                regression, with transformers' own rules for `problem_type` (`self.loss_function`).
             Other arguments as in `MultiTaskViTModel.forward`.
         """
         return_dict = self.config.return_dict if return_dict is None else return_dict
@@ -275,12 +287,12 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
             logits = torch.stack([head(own_token) for head in self.classifier], dim=1)[rows, task_ids]
         loss = None
         if labels is not None:
-            labels = labels.to(logits.device).long().reshape(-1)
+            labels = torch.as_tensor(labels, device=logits.device)
             if labels.shape[0] != logits.shape[0]:
                 raise ValueError(
                     f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."
                 )
-            loss = F.cross_entropy(logits.float(), labels)
+            loss = self.loss_function(labels, logits.float(), self.config)
         if not return_dict:
             return tuple(v for v in (loss, logits, outputs.hidden_states) if v is not None)
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)

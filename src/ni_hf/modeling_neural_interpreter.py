@@ -11,6 +11,7 @@ same computation with two batched matmuls) or "eager" (the literal formula of Eq
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import threading
 import weakref
@@ -26,7 +27,7 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from .configuration_neural_interpreter import NeuralInterpreterConfig
+from .configuration_neural_interpreter import NeuralInterpreterConfig, validate_task_names
 
 # ----------------------------------------------------------------------------------------------------------
 # Outputs
@@ -234,6 +235,16 @@ def _merge_heads(attended: torch.Tensor) -> torch.Tensor:
     return attended.permute(1, 0, 3, 2, 4).reshape(u, b, n, h * dv)
 
 
+def _refuse_double_backward() -> None:
+    """The sdpa path's hand-written backwards are first order: they write into reused buffers in place."""
+    if torch.is_grad_enabled():  # the engine runs a backward with grad mode on only under create_graph=True
+        raise RuntimeError(
+            "Gradients of gradients (backward with create_graph=True, e.g. a gradient penalty or MAML) are not "
+            "supported by attn_implementation='sdpa'; use attn_implementation='eager' (at load, or "
+            "model.set_attn_implementation('eager')), which computes the same function with autograd's own ops."
+        )
+
+
 class _AttentionOutput(torch.autograd.Function):
     """x + gate * ModLin(heads of Eq. 6; c_u) from A @ [C_uj v_j, C_uj], keeping those columns, not Eq. 6's output.
 
@@ -263,6 +274,7 @@ class _AttentionOutput(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _refuse_double_backward()
         columns, c_key, weight, bias, gate = ctx.saved_tensors
         with ctx.autocast():
             attended = _merged_normalised_columns(columns, c_key, ctx.eps)
@@ -586,6 +598,7 @@ class _AttentionWithRecompute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _refuse_double_backward()
         query, key, value, c_key, position_bias, out = ctx.saved_tensors
         with ctx.autocast():
             probs = _attention_probs(query, key, position_bias, ctx.scale)
@@ -816,6 +829,7 @@ class _BilinearAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _refuse_double_backward()
         hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs, mixed = (
             ctx.saved_tensors
         )
@@ -1280,25 +1294,28 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         num_token_params = 1 if config.share_task_tokens else config.num_task_tokens
         self.task_tokens = nn.Parameter(torch.empty(num_token_params, config.hidden_size))
         self.scripts = nn.ModuleList(NeuralInterpreterScript(config) for _ in range(config.num_scripts))
+        # False under a head that feeds sets (`inputs_embeds`): the patch embedding is then never used.
+        self.reads_patches = True
         self.post_init()
         self.apply_freezing()
 
     def apply_freezing(self) -> None:
-        """Make the tensors the config freezes non-trainable (so optimizers and DDP never see them)."""
+        """Make the tensors the config freezes, and unused ones, non-trainable (so optimizers and DDP never see them)."""
         for script in self.scripts:
             script.signatures.requires_grad_(not self.config.freeze_signatures)
             script.codes.requires_grad_(not self.config.freeze_codes)
-        self.patch_embedding.requires_grad_(not self.config.freeze_patch_embedding)
+        self.patch_embedding.requires_grad_(self.reads_patches and not self.config.freeze_patch_embedding)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.patch_embedding
 
     def reset_task_tokens(self, task_names: Sequence[str]) -> None:
-        """Replace the task (CLS) tokens by fresh N(0, 1) ones, one per new task (adaptation to new tasks)."""
-        self.config.task_names = list(task_names)
+        """Replace the task (CLS) tokens by fresh, trainable N(0, 1) ones, one per new task (adaptation)."""
+        # Validate before any change: a refused call leaves the model as it was.
+        names = validate_task_names(task_names)
+        self.config.task_names = names
         self.config.default_task = 0
-        self.config.validate_neural_interpreter()
-        num = 1 if self.config.share_task_tokens else len(task_names)
+        num = 1 if self.config.share_task_tokens else len(names)
         ref = self.task_tokens
         self.task_tokens = nn.Parameter(torch.randn(num, ref.shape[1], device=ref.device, dtype=ref.dtype))
 
@@ -1309,14 +1326,13 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         the tasks seen so far remain part of every sample's set. Shared task tokens only gain the names. The
         set-regression model's shared head reads every token; an image classifier needs a head per new task too.
         """
-        names = list(task_names)
-        if not names or set(names) & set(self.config.task_names) or len(set(names)) != len(names):
+        names = validate_task_names(task_names)
+        if set(names) & set(self.config.task_names):
             raise ValueError(
                 f"`task_names` must be new, distinct names (existing: {self.config.task_names}); got {names}."
             )
         old = self.config.num_tasks
         self.config.task_names = [*self.config.task_names, *names]
-        self.config.validate_neural_interpreter()
         if not self.config.share_task_tokens:
             ref = self.task_tokens
             fresh = torch.randn(len(names), ref.shape[1], device=ref.device, dtype=ref.dtype)
@@ -1325,8 +1341,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
 
     def add_functions(self, num_new: int) -> list[int]:
         """Capacity extension: append `num_new` functions (fresh N(0, 1) signature and code) to every script."""
-        if num_new < 1:
-            raise ValueError(f"`num_new` must be >= 1, got {num_new}.")
+        if not isinstance(num_new, int) or isinstance(num_new, bool) or num_new < 1:
+            raise ValueError(f"`num_new` must be a positive integer, got {num_new!r}.")
         old = self.config.num_functions
         for script in self.scripts:
             for name in ("signatures", "codes"):
@@ -1356,7 +1372,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 raise ValueError(
                     f"`inputs_embeds` must have shape (batch, set_size, {c.hidden_size}), got {tuple(inputs_embeds.shape)}."
                 )
-            return inputs_embeds, False
+            _check_not_empty(inputs_embeds.shape[0])
+            return inputs_embeds.to(self.task_tokens.dtype), False
         if pixel_values.dim() == 4:
             if pixel_values.shape[1:] != (c.num_channels, c.image_size, c.image_size):
                 raise ValueError(
@@ -1369,6 +1386,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 f"`pixel_values` must be images (batch, {c.num_channels}, {c.image_size}, {c.image_size}) or patches "
                 f"(batch, {c.num_patches}, {c.patch_dim}), got {tuple(pixel_values.shape)}."
             )
+        _check_not_empty(pixel_values.shape[0])
         pixel_values = pixel_values.to(self.patch_embedding.weight.dtype)
         return self.patch_embedding(pixel_values), True
 
@@ -1376,14 +1394,20 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         """One (U,) 0/1 mask per script, or None; `disabled_functions` lists functions (per script if a dict)."""
         if disabled_functions is None:
             return [None] * self.config.num_scripts
+        num_scripts = self.config.num_scripts
         per_script = (
             disabled_functions
             if isinstance(disabled_functions, dict)
-            else dict.fromkeys(range(self.config.num_scripts), disabled_functions)
+            else dict.fromkeys(range(num_scripts), disabled_functions)
         )
+        unknown = [key for key in per_script if key not in range(num_scripts)]
+        if unknown:
+            raise ValueError(
+                f"`disabled_functions` keys must be script indices 0..{num_scripts - 1}, got {unknown}."
+            )
         masks = []
-        for s in range(self.config.num_scripts):
-            disabled = list(per_script.get(s, []))
+        for s in range(num_scripts):
+            disabled = _index_list(per_script.get(s, []), "disabled_functions")
             if any(not 0 <= u < self.config.num_functions for u in disabled):
                 raise ValueError(
                     f"`disabled_functions` must index functions 0..{self.config.num_functions - 1}, got {disabled}."
@@ -1429,8 +1453,11 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         hidden = torch.cat([self.embed_task_tokens(batch_size).to(embeddings.dtype), embeddings], dim=1)
 
         iterations = c.iterations_per_script if num_function_iterations is None else num_function_iterations
-        if isinstance(iterations, int):
+        if isinstance(iterations, torch.Tensor) and iterations.dim() == 0:
+            iterations = iterations.item()
+        if isinstance(iterations, int) and not isinstance(iterations, bool):
             iterations = [iterations] * c.num_scripts
+        iterations = _index_list(iterations, "num_function_iterations")
         if len(iterations) != c.num_scripts or any(k < 0 for k in iterations):
             raise ValueError(
                 f"`num_function_iterations` must be a non-negative int or one per script ({c.num_scripts}), got {iterations}."
@@ -1470,6 +1497,66 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         )
 
 
+def _check_not_empty(batch_size: int) -> None:
+    if batch_size == 0:
+        raise ValueError("Got an empty batch (0 samples); pass at least one image or set.")
+
+
+def _index_list(values, name: str) -> list[int]:
+    """Integers from a list, tuple, array or tensor of them; a ValueError naming `name` for anything else."""
+    if isinstance(values, torch.Tensor) or hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, int) and not isinstance(values, bool):
+        return [values]
+    if not isinstance(values, (list, tuple)) or any(
+        not isinstance(v, numbers.Integral) or isinstance(v, bool) for v in values
+    ):
+        raise ValueError(
+            f"`{name}` must be integers (a list, tuple, array or tensor of them), got {values!r}."
+        )
+    return [int(v) for v in values]
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, config) -> torch.Tensor:
+    """Loss of transformers' image classifiers for `config.problem_type`, inferred as they do when unset.
+
+    One label (num_labels=1): regression (MSE). Integer labels (B,): single-label cross-entropy. Float labels
+    (B, num_labels): multi-label (BCE with logits).
+    """
+    batch_size, num_labels = logits.shape
+    labels = labels.to(logits.device)
+    if labels.shape[0] != batch_size:
+        raise ValueError(f"`labels` must have one entry per sample ({batch_size}), got {labels.shape[0]}.")
+    if config.problem_type is None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    logits = logits.float()
+    if config.problem_type == "regression":
+        if labels.numel() != batch_size * num_labels:
+            raise ValueError(
+                f"Regression `labels` must have shape (batch, {num_labels}), got {tuple(labels.shape)}."
+            )
+        return F.mse_loss(logits, labels.float().reshape(logits.shape))
+    if config.problem_type == "single_label_classification":
+        if labels.is_floating_point() or labels.dtype == torch.bool or labels.numel() != batch_size:
+            raise ValueError(
+                f"Single-label classification needs integer class indices of shape (batch,), got {labels.dtype} "
+                f"labels of shape {tuple(labels.shape)}."
+            )
+        return F.cross_entropy(logits, labels.long().reshape(-1))
+    if labels.shape != logits.shape:
+        raise ValueError(
+            f"Multi-label `labels` must have shape (batch, num_labels) = {tuple(logits.shape)}, got "
+            f"{tuple(labels.shape)} (integer class indices of shape (batch,) need problem_type "
+            "'single_label_classification')."
+        )
+    return F.binary_cross_entropy_with_logits(logits, labels.float())
+
+
 class TaskHead(nn.Module):
     """LayerNorm + Linear on one task token's output."""
 
@@ -1488,7 +1575,10 @@ def _resolve_task_ids(
     """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
     if task_ids is None:
         return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
-    task_ids = torch.as_tensor(task_ids, device=device).long().reshape(-1)
+    task_ids = torch.as_tensor(task_ids, device=device)
+    if task_ids.is_floating_point() or task_ids.is_complex() or task_ids.dtype == torch.bool:
+        raise ValueError(f"`task_ids` must be integer task indices, got {task_ids.dtype} values.")
+    task_ids = task_ids.long().reshape(-1)
     if task_ids.numel() == 1 and batch_size > 1:
         task_ids = task_ids.expand(batch_size)
     if task_ids.shape[0] != batch_size:
@@ -1523,20 +1613,36 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         )
         self.post_init()
 
-    def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
-        """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
-        if num_labels is not None:
-            self.config.num_labels = self.num_labels = num_labels
-        self.neural_interpreter.reset_task_tokens(task_names)
-        num_heads = 1 if self.config.share_task_tokens else len(task_names)
-        device, dtype = self.neural_interpreter.task_tokens.device, self.neural_interpreter.task_tokens.dtype
+    def _fresh_heads(self, count: int) -> list[TaskHead]:
+        """`count` task heads initialised as the model's own, on its device and in its dtype."""
+        ref = self.neural_interpreter.task_tokens
         heads = [
             TaskHead(self.config.hidden_size, self.config.num_labels, self.config.layer_norm_eps)
-            for _ in range(num_heads)
+            for _ in range(count)
         ]
         for head in heads:
-            nn.init.zeros_(head.linear.bias)
-        self.classifier = nn.ModuleList(heads).to(device=device, dtype=dtype)
+            head.apply(self._init_weights)
+        return [head.to(device=ref.device, dtype=ref.dtype) for head in heads]
+
+    def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
+        """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
+        # Validate before any change: a refused call leaves the model as it was.
+        names = validate_task_names(task_names)
+        if num_labels is not None and (
+            not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1
+        ):
+            raise ValueError(f"`num_labels` must be a positive integer, got {num_labels!r}.")
+        if num_labels is not None:
+            self.config.num_labels = self.num_labels = num_labels
+        self.neural_interpreter.reset_task_tokens(names)
+        self.classifier = nn.ModuleList(self._fresh_heads(1 if self.config.share_task_tokens else len(names)))
+
+    def add_tasks(self, task_names: Sequence[str]) -> list[int]:
+        """Append tasks (a fresh CLS token and head each); the existing ones stay as they are. Returns their ids."""
+        new_ids = self.neural_interpreter.add_task_tokens(task_names)
+        if not self.config.share_task_tokens:
+            self.classifier.extend(self._fresh_heads(len(new_ids)))
+        return new_ids
 
     def forward(
         self,
@@ -1549,11 +1655,12 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
         return_dict: bool | None = None,
     ) -> NeuralInterpreterImageClassifierOutput | tuple:
-        r"""Logits of each sample's task head; cross-entropy loss when `labels` are given.
+        r"""Logits of each sample's task head; the loss of `config.problem_type` when `labels` are given.
 
         Args:
             task_ids: (B,) index of each sample's task in `config.task_names` (default `config.default_task`).
-            labels: (B,) class indices.
+            labels: (B,) class indices (cross-entropy); (B, num_labels) floats for multi-label classification or
+                regression, as in transformers' classifiers (`classification_loss`).
             Other arguments as in `NeuralInterpreterModel.forward`.
         """
         return_dict = self.config.return_dict if return_dict is None else return_dict
@@ -1566,6 +1673,13 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             return_dict=True,
         )
         pooled = outputs.pooler_output  # (B, T, d)
+        num_heads = 1 if self.config.share_task_tokens else self.config.num_tasks
+        if len(self.classifier) != num_heads:
+            raise ValueError(
+                f"The classifier has {len(self.classifier)} heads for {self.config.num_tasks} tasks: change tasks "
+                "with the classifier's `reset_tasks` / `add_tasks`, which give each task its head, not with "
+                "the backbone's `reset_task_tokens` / `add_task_tokens`."
+            )
         task_ids = _resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
         own_token = pooled[torch.arange(pooled.shape[0], device=pooled.device), task_ids]  # (B, d)
         if len(self.classifier) == 1:
@@ -1573,14 +1687,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         else:
             all_logits = torch.stack([head(own_token) for head in self.classifier], dim=1)  # (B, T, L)
             logits = all_logits[torch.arange(pooled.shape[0], device=pooled.device), task_ids]
-        loss = None
-        if labels is not None:
-            labels = labels.to(logits.device).long().reshape(-1)
-            if labels.shape[0] != logits.shape[0]:
-                raise ValueError(
-                    f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."
-                )
-            loss = F.cross_entropy(logits.float(), labels)
+        loss = None if labels is None else classification_loss(logits, torch.as_tensor(labels), self.config)
         if not return_dict:
             extra = (outputs.hidden_states, outputs.compatibilities, outputs.types)
             return tuple(v for v in (loss, logits, *extra) if v is not None)
@@ -1600,13 +1707,25 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
     input_modalities = ("text",)
 
     def __init__(self, config: NeuralInterpreterConfig) -> None:
+        if config.use_relative_positional_bias:
+            # A set has no grid: the bias would be built, saved and trained by nobody (and break DDP).
+            raise ValueError(
+                "`use_relative_positional_bias` must be False for set regression (the fuzzy_boolean preset's "
+                "value): the bias is between patches of an image grid; set elements get learned positions instead."
+            )
         super().__init__(config)
         d = config.hidden_size
         self.input_projection = nn.Linear(1, d)
         self.input_position_embeddings = nn.Parameter(torch.empty(config.num_input_variables, d))
         self.neural_interpreter = NeuralInterpreterModel(config)
+        # The backbone's patch embedding is never read by sets; frozen, it stays out of optimizers and DDP.
+        self.neural_interpreter.reads_patches = False
+        self.neural_interpreter.apply_freezing()
         self.regressor = TaskHead(d, 1, config.layer_norm_eps)
         self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.input_projection
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -1,0 +1,448 @@
+"""Config validation: task names, overrides given to `from_pretrained`, types of settings, preset labels."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoConfig, AutoModelForImageClassification, pipeline
+
+import ni_hf
+from ni_hf import configuration_multitask_vit
+from ni_hf.configuration_multitask_vit import MultiTaskViTConfig
+from ni_hf.configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterConfig, validate_task_names
+
+TASKS = ["a", "b", "c"]
+NI_SETTINGS = dict(
+    hidden_size=32,
+    code_dim=16,
+    num_function_iterations=2,
+    num_functions=3,
+    num_attention_heads=2,
+    attention_head_size=8,
+    type_inference_hidden_size=16,
+    type_dim=8,
+    task_names=TASKS,
+    num_labels=10,
+)
+VIT_SETTINGS = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    task_names=TASKS,
+    num_labels=10,
+)
+CONFIGS = {NeuralInterpreterConfig: NI_SETTINGS, MultiTaskViTConfig: VIT_SETTINGS}
+BOTH = pytest.mark.parametrize("config_class", list(CONFIGS), ids=["ni", "vit"])
+TASK_NAME_VALIDATORS = pytest.mark.parametrize(
+    "check",
+    [validate_task_names, getattr(configuration_multitask_vit, "_validate_task_names", None)],
+    ids=["ni", "vit"],
+)
+
+FLOAT_FIELDS = [
+    "truncation_tau",
+    "sigma_init",
+    "kernel_eps",
+    "attention_eps",
+    "input_position_embedding_std",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "layer_norm_eps",
+    "initializer_range",
+]
+BOOL_FIELDS = [
+    "straight_through",
+    "outer_residual",
+    "freeze_signatures",
+    "freeze_codes",
+    "freeze_patch_embedding",
+    "use_relative_positional_bias",
+    "share_task_tokens",
+]
+DIGITS = {i: str(i) for i in range(10)}
+
+
+@contextlib.contextmanager
+def transformers_warnings() -> Iterator[list[str]]:
+    """The messages transformers logs meanwhile (its root logger does not propagate to pytest's caplog)."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
+def tiny(config_class: type, **overrides):
+    """A tiny config of either class."""
+    return config_class(**{**CONFIGS[config_class], **overrides})
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[type, Path]:
+    """A saved tiny classifier (config and weights) of each config class."""
+    paths = {}
+    for config_class, model_class in (
+        (NeuralInterpreterConfig, ni_hf.NeuralInterpreterForImageClassification),
+        (MultiTaskViTConfig, ni_hf.MultiTaskViTForImageClassification),
+    ):
+        path = tmp_path_factory.mktemp(config_class.model_type)
+        torch.manual_seed(0)
+        model_class(tiny(config_class)).save_pretrained(path)
+        paths[config_class] = path
+    return paths
+
+
+# --- task names ---------------------------------------------------------------------------------------------
+
+
+@BOTH
+@pytest.mark.parametrize("names", ["mnist", b"mnist"])
+def test_task_names_given_as_a_string_are_refused_not_split(config_class, names):
+    with pytest.raises(ValueError, match=r"`task_names` must be a list of names, got the string b?'mnist'"):
+        tiny(config_class, task_names=names)
+
+
+@BOTH
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        ([0, 1], r"non-empty string.*got 0"),
+        (["a", ""], r"non-empty string.*got ''"),
+        (["a", None], r"non-empty string.*got None"),
+        ([], r"at least one"),
+        (["a", "b", "a"], r"distinct.*'a'"),
+        (5, r"a list of names, got 5"),
+    ],
+)
+def test_config_refuses_bad_task_names(config_class, names, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(config_class, task_names=names)
+
+
+@BOTH
+def test_task_names_none_means_one_default_task_and_a_tuple_becomes_a_list(config_class):
+    assert tiny(config_class, task_names=None).task_names == ["default"]
+    config = tiny(config_class, task_names=("x", "y"))
+    assert config.task_names == ["x", "y"] and type(config.task_names) is list
+
+
+@TASK_NAME_VALIDATORS
+def test_validate_task_names_returns_a_new_list_of_names(check):
+    assert check is not None, "configuration_multitask_vit has no _validate_task_names"
+    names = ["mnist", "svhn"]
+    result = check(names)
+    assert result == names and result is not names
+    assert check(("x", "y")) == ["x", "y"] and check(iter(["z"])) == ["z"]
+
+
+@TASK_NAME_VALIDATORS
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        ("mnist", r"a list of names, got the string 'mnist'"),
+        (b"ab", r"a list of names, got the string b'ab'"),
+        (None, r"a list of names, got None"),
+        (3.5, r"a list of names, got 3.5"),
+        ([0, 1], r"non-empty string"),
+        ([""], r"non-empty string"),
+        ([], r"at least one"),
+        (["x", "x"], r"distinct"),
+    ],
+)
+def test_validate_task_names_refuses(check, names, message):
+    assert check is not None, "configuration_multitask_vit has no _validate_task_names"
+    with pytest.raises(ValueError, match=rf"`task_names`.*{message}"):
+        check(names)
+
+
+def test_multitask_vit_config_module_does_not_import_the_neural_interpreter_modules():
+    """A ViT checkpoint's copied remote code must stay self-contained."""
+    tree = ast.parse(Path(configuration_multitask_vit.__file__).read_text())
+    modules = [
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    ] + [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert not any("neural_interpreter" in module or module.startswith("ni_hf") for module in modules)
+    assert callable(getattr(configuration_multitask_vit, "_validate_task_names", None))
+
+
+# --- overrides given to from_pretrained ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_size=-1), r"`hidden_size` must be a positive integer, got -1"),
+        (
+            dict(num_attention_heads=5),
+            r"`hidden_size` \(32\) must be divisible by `num_attention_heads` \(5\)",
+        ),
+        (dict(task_names="xy"), r"`task_names` must be a list of names, got the string 'xy'"),
+        (dict(task_names=[]), r"`task_names`"),
+        (dict(default_task=7), r"`default_task` must index `task_names` \(0..2\), got 7"),
+        (dict(truncation_tau="1.4"), r"`truncation_tau`"),
+        (dict(freeze_signatures="no"), r"`freeze_signatures`"),
+    ],
+)
+def test_neural_interpreter_from_pretrained_validates_overrides(saved, overrides, message):
+    path = saved[NeuralInterpreterConfig]
+    with pytest.raises(ValueError, match=message):
+        NeuralInterpreterConfig.from_pretrained(path, **overrides)
+    with pytest.raises(ValueError, match=message):
+        NeuralInterpreterConfig.from_pretrained(path, return_unused_kwargs=True, **overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(default_task=9), r"`default_task` must index `task_names` \(0..2\), got 9"),
+        (dict(default_task=True), r"`default_task`"),
+        (dict(task_names=[]), r"`task_names`.*at least one"),
+        (dict(task_names="xy"), r"`task_names` must be a list of names, got the string 'xy'"),
+    ],
+)
+def test_multitask_vit_from_pretrained_validates_overrides(saved, overrides, message):
+    path = saved[MultiTaskViTConfig]
+    with pytest.raises(ValueError, match=message):
+        MultiTaskViTConfig.from_pretrained(path, **overrides)
+    with pytest.raises(ValueError, match=message):
+        MultiTaskViTConfig.from_pretrained(path, return_unused_kwargs=True, **overrides)
+
+
+@BOTH
+def test_from_pretrained_applies_valid_overrides_and_normalises_task_names(saved, config_class):
+    path = saved[config_class]
+    config = config_class.from_pretrained(path, default_task=2)
+    assert type(config) is config_class and config.default_task == 2 and config.task_names == TASKS
+    config, unused = config_class.from_pretrained(
+        path, task_names=("x", "y"), return_unused_kwargs=True, not_a_setting=1
+    )
+    assert (
+        config.task_names == ["x", "y"] and type(config.task_names) is list and unused == {"not_a_setting": 1}
+    )
+    assert config_class.from_pretrained(path, task_names=None).task_names == ["default"]
+
+
+@BOTH
+def test_auto_classes_validate_overrides(saved, config_class):
+    path = saved[config_class]
+    assert type(AutoConfig.from_pretrained(path)) is config_class
+    with pytest.raises(ValueError, match=r"`default_task` must index `task_names` \(0..2\), got 7"):
+        AutoConfig.from_pretrained(path, default_task=7)
+    with pytest.raises(ValueError, match=r"`default_task` must index `task_names` \(0..2\), got 7"):
+        AutoModelForImageClassification.from_pretrained(path, default_task=7)
+    model = AutoModelForImageClassification.from_pretrained(path, default_task=1)
+    assert model.config.default_task == 1
+
+
+# --- types of the settings ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", ["0.1", True, [0.1], float("nan")], ids=["str", "bool", "list", "nan"])
+def test_float_settings_must_be_real_numbers(name, value):
+    with pytest.raises(
+        ValueError, match=rf"`{name}` must be (None or )?a .*number.*got {re.escape(repr(value))}"
+    ):
+        tiny(NeuralInterpreterConfig, **{name: value})
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("truncation_tau", "1.4"), ("sigma_init", "1"), ("hidden_dropout_prob", "0.1"), ("kernel_eps", "x")],
+)
+def test_audited_float_settings_give_a_value_error_naming_them(name, value):
+    with pytest.raises(ValueError, match=rf"`{name}`.*got {re.escape(repr(value))}"):
+        tiny(NeuralInterpreterConfig, **{name: value})
+
+
+def test_float_settings_accept_ints_and_floats():
+    config = tiny(
+        NeuralInterpreterConfig,
+        truncation_tau=1,
+        sigma_init=2,
+        kernel_eps=0,
+        attention_eps=0.0,
+        input_position_embedding_std=1,
+        hidden_dropout_prob=0,
+        attention_probs_dropout_prob=0.1,
+        layer_norm_eps=1e-6,
+        initializer_range=0.02,
+    )
+    assert config.truncation_tau == 1 and config.initializer_range == 0.02
+    assert tiny(NeuralInterpreterConfig, initializer_range=None).initializer_range is None
+
+
+@pytest.mark.parametrize("value", [-1.0, 0.0, 0])
+def test_layer_norm_eps_must_be_positive(value):
+    with pytest.raises(ValueError, match=rf"`layer_norm_eps` must be > 0, got {value!r}"):
+        tiny(NeuralInterpreterConfig, layer_norm_eps=value)
+
+
+@pytest.mark.parametrize("value", [-0.02, 0.0])
+def test_initializer_range_must_be_none_or_positive(value):
+    with pytest.raises(ValueError, match=rf"`initializer_range` must be None or > 0, got {value!r}"):
+        tiny(NeuralInterpreterConfig, initializer_range=value)
+
+
+@pytest.mark.parametrize(
+    "name, value", [("kernel_eps", -1e-6), ("attention_eps", -1.0), ("input_position_embedding_std", -1)]
+)
+def test_epsilons_and_position_std_must_not_be_negative(name, value):
+    with pytest.raises(ValueError, match=rf"`{name}` must be >= 0, got {value!r}"):
+        tiny(NeuralInterpreterConfig, **{name: value})
+
+
+@pytest.mark.parametrize("name", BOOL_FIELDS)
+@pytest.mark.parametrize("value", ["no", 1, 0, None], ids=["str", "one", "zero", "none"])
+def test_boolean_settings_must_be_bools(name, value):
+    with pytest.raises(ValueError, match=rf"`{name}` must be True or False, got {value!r}"):
+        tiny(NeuralInterpreterConfig, **{name: value})
+
+
+def test_boolean_settings_accept_bools():
+    config = tiny(NeuralInterpreterConfig, **{name: True for name in BOOL_FIELDS})
+    assert all(getattr(config, name) is True for name in BOOL_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "value, num_scripts",
+    [(True, 1), (0, 1), (1.0, 1), ("2", 1), ([1.5], 1), ([True], 1), ([2, 0], 2), ([2], 2), ((2, None), 2)],
+)
+def test_num_function_iterations_must_be_positive_ints(value, num_scripts):
+    with pytest.raises(
+        ValueError, match=rf"`num_function_iterations` must be .*got {re.escape(repr(value))}"
+    ):
+        tiny(NeuralInterpreterConfig, num_function_iterations=value, num_scripts=num_scripts)
+
+
+def test_num_function_iterations_accepts_an_int_or_one_per_script():
+    assert tiny(NeuralInterpreterConfig, num_function_iterations=3, num_scripts=2).iterations_per_script == [
+        3,
+        3,
+    ]
+    for value in ([2, 1], (2, 1)):
+        config = tiny(NeuralInterpreterConfig, num_function_iterations=value, num_scripts=2)
+        assert config.iterations_per_script == [2, 1]
+
+
+@BOTH
+@pytest.mark.parametrize("value", [0.5, 1.0, True, "0", None])
+def test_default_task_must_be_an_int(config_class, value):
+    with pytest.raises(
+        ValueError, match=rf"`default_task` must be an integer index of `task_names`.*got {value!r}"
+    ):
+        tiny(config_class, default_task=value)
+
+
+@BOTH
+def test_default_task_must_index_the_tasks(config_class):
+    assert tiny(config_class, default_task=2).default_task == 2
+    for value in (-1, 3):
+        with pytest.raises(
+            ValueError, match=rf"`default_task` must index `task_names` \(0..2\), got {value}"
+        ):
+            tiny(config_class, default_task=value)
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_PRESETS))
+def test_paper_presets_are_valid_and_survive_save_and_load(name, tmp_path):
+    config = NeuralInterpreterConfig.from_paper(name)
+    config.validate_neural_interpreter()
+    config.save_pretrained(tmp_path)
+    loaded = NeuralInterpreterConfig.from_pretrained(tmp_path)
+    assert loaded.to_dict() == config.to_dict()
+
+
+def test_a_saved_config_with_every_setting_changed_loads_back(tmp_path):
+    config = NeuralInterpreterConfig(
+        **{**NI_SETTINGS, "num_scripts": 2, "num_function_iterations": [2, 1]},
+        truncation_tau=1,
+        sigma_init=0.5,
+        kernel_eps=0,
+        attention_eps=1e-5,
+        straight_through=True,
+        outer_residual=True,
+        freeze_signatures=False,
+        freeze_codes=True,
+        freeze_patch_embedding=True,
+        use_relative_positional_bias=False,
+        share_task_tokens=True,
+        default_task=2,
+        input_position_embedding_std=0.02,
+        input_position_embedding_placement="every_loc",
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        initializer_range=0.02,
+        layer_norm_eps=1e-6,
+    )
+    config.save_pretrained(tmp_path)
+    loaded = NeuralInterpreterConfig.from_pretrained(tmp_path)
+    assert loaded.to_dict() == config.to_dict() and loaded.iterations_per_script == [2, 1]
+
+
+# --- labels of the digits presets ---------------------------------------------------------------------------
+
+
+@BOTH
+def test_digits_preset_names_its_labels_and_they_survive_save_and_load(config_class, tmp_path):
+    config = config_class.from_paper("digits")
+    assert config.num_labels == 10 and config.id2label == DIGITS
+    assert config.label2id == {str(i): i for i in range(10)}
+    config.save_pretrained(tmp_path)
+    loaded = config_class.from_pretrained(tmp_path)
+    assert loaded.id2label == DIGITS and loaded.label2id == {str(i): i for i in range(10)}
+
+
+@BOTH
+def test_digits_preset_leaves_labels_the_caller_sets(config_class):
+    assert config_class.from_paper("digits", num_labels=10).id2label == DIGITS
+    fewer = config_class.from_paper("digits", num_labels=3)
+    assert fewer.num_labels == 3 and set(fewer.id2label) == {0, 1, 2}
+    assert config_class.from_paper("digits", num_labels=3, task_names=["x"]).num_labels == 3
+    with transformers_warnings() as warnings:
+        named = config_class.from_paper("digits", id2label={0: "odd", 1: "even"})
+    assert named.num_labels == 2 and named.id2label == {0: "odd", 1: "even"}
+    assert not [w for w in warnings if "incompatible" in w]
+    both = config_class.from_paper("digits", id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1})
+    assert both.label2id == {"no": 0, "yes": 1}
+
+
+def test_other_presets_keep_their_labels():
+    assert NeuralInterpreterConfig.from_paper("fuzzy_boolean").num_labels == 1
+    assert "id2label" not in PAPER_PRESETS["digits"]
+
+
+def test_pipeline_of_a_digits_preset_model_reports_digit_labels(tmp_path):
+    small = {k: v for k, v in NI_SETTINGS.items() if k not in ("task_names", "num_labels")}
+    config = NeuralInterpreterConfig.from_paper("digits", **{**small, "num_function_iterations": 1})
+    torch.manual_seed(0)
+    ni_hf.NeuralInterpreterForImageClassification(config).eval().save_pretrained(tmp_path)
+    ni_hf.NeuralInterpreterImageProcessor().save_pretrained(tmp_path)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8))
+    result = pipeline("image-classification", model=str(tmp_path), top_k=10)(image)
+    assert {r["label"] for r in result} == set(DIGITS.values())
+
+
+def test_config_override_item_without_a_value_is_named_not_blamed_on_the_previous_key():
+    from ni_hf.configuration_neural_interpreter import parse_config_overrides
+
+    with pytest.raises(ValueError, match="'num_functions' without a value"):
+        parse_config_overrides("hidden_size=64,patch_size=8,num_functions")
+    assert parse_config_overrides("num_function_iterations=[2,1],hidden_size=64") == {
+        "num_function_iterations": [2, 1],
+        "hidden_size": 64,
+    }
