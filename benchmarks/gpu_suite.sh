@@ -18,6 +18,15 @@
 set -u
 out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train fp32 bf16 compile graphs profile}
 part=${2:-all}
+for name in ${part//,/ }; do # a typo would otherwise run nothing and waste a lent GPU's time
+    case $name in
+    all | diagnose | tests | train | fp32 | bf16 | compile | graphs | profile) ;;
+    *)
+        echo "gpu_suite.sh: unknown part '$name'; expected all or some of diagnose tests train fp32 bf16 compile graphs profile" >&2
+        exit 2
+        ;;
+    esac
+done
 mkdir -p "$out"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}

@@ -66,7 +66,7 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import SchedulerType, get_last_checkpoint
 
 try:
     import ni_hf  # noqa: F401
@@ -135,11 +135,11 @@ DENSITY_POINTS = 4096
 class FuzzyBooleanArguments:
     """Experiment options (protocol, data sizes, phases); `None` means "the protocol's value"."""
 
-    protocol: Literal["full", "reduced", "quick"] = field(
-        default="full",
+    protocol: Literal["full", "reduced", "quick"] | None = field(
+        default=None,
         metadata={
             "help": (
-                "full: the paper's protocol (163840 points per function, 80/20 split, batch 128, 20 pre-training "
+                "Default: full. full: the paper's protocol (163840 points per function, 80/20 split, batch 128, 20 pre-training "
                 "epochs (20480 steps), 3 adaptation epochs (3072 steps) per setting; 1 h 56 min measured on 2 idle "
                 "CPU cores with two threads, estimated 3.5-6.5 h on 2 shared cores). "
                 "reduced: the paper's epochs on 1/10 of its points: 16384 points per function (13107 train / "
@@ -307,7 +307,9 @@ class FuzzyBooleanArguments:
 
     def resolved(self) -> dict[str, Any]:
         """The protocol's sizes with this run's explicit overrides applied."""
-        protocol = "quick" if self.quick else self.protocol
+        if self.quick and self.protocol not in (None, "quick"):
+            raise ValueError(f"--quick means --protocol quick; it conflicts with --protocol {self.protocol}.")
+        protocol = "quick" if self.quick else self.protocol or "full"
         sizes = dict(PROTOCOLS[protocol])
         for key in sizes:
             value = getattr(self, key, None)
@@ -430,9 +432,12 @@ def compute_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
 def parameter_group(name: str) -> str:
     """Adaptation group of a parameter of NeuralInterpreterForSetRegression.
 
-    ``task_tokens`` (the CLS tokens), ``type_matching`` (every script's type-inference MLP and signatures), or
-    ``other`` (everything else: LOCs, codes, kernel sigma, input embedding, regression head, ...).
+    ``task_tokens`` (the CLS tokens), ``type_matching`` (every script's type-inference MLP and signatures),
+    ``unused`` (the backbone's patch embedding, which sets never read: no setting trains it), or ``other``
+    (everything else: LOCs, codes, kernel sigma, input embedding, regression head, ...).
     """
+    if name.startswith("neural_interpreter.patch_embedding."):
+        return "unused"
     if name == "neural_interpreter.task_tokens":
         return "task_tokens"
     if re.fullmatch(r"neural_interpreter\.scripts\.\d+\.(type_inference\..+|signatures)", name):
@@ -873,6 +878,36 @@ def ignored_training_arguments(args: TrainingArguments) -> list[str]:
     return ignored
 
 
+def check_options_early(exp: FuzzyBooleanArguments, args: TrainingArguments) -> None:
+    """Refuse option values that would otherwise fail or be ignored only after hours of pre-training."""
+    if exp.pretrained_model and not Path(exp.pretrained_model).expanduser().is_dir():
+        # Hub ids are "name" or "namespace/name"; anything else can only be a local path.
+        if exp.pretrained_model.startswith((".", "/", "~")) or exp.pretrained_model.count("/") > 1:
+            raise ValueError(f"--pretrained_model {exp.pretrained_model}: no such directory.")
+    try:
+        SchedulerType(exp.adapt_lr_scheduler_type)
+    except ValueError:
+        raise ValueError(
+            f"--adapt_lr_scheduler_type {exp.adapt_lr_scheduler_type!r} is not a schedule; expected one of "
+            f"{[t.value for t in SchedulerType]}."
+        ) from None
+    if exp.adapt_frozen:
+        try:
+            re.compile(exp.adapt_frozen)
+        except re.error as error:
+            raise ValueError(
+                f"--adapt_frozen {exp.adapt_frozen!r} is not a regular expression: {error}."
+            ) from None
+    default_optim = next(
+        f.default for f in dataclasses.fields(FuzzyBooleanTrainingArguments) if f.name == "optim"
+    )
+    if getattr(args.optim, "value", args.optim) != getattr(default_optim, "value", default_optim):
+        raise ValueError(
+            f"--optim {getattr(args.optim, 'value', args.optim)}: both phases use RAdam, as in the paper (betas "
+            "--adam_beta1/--adam_beta2, eps --adam_epsilon); another optimizer is not an option of this script."
+        )
+
+
 def parse_args(
     args: Sequence[str] | None = None,
 ) -> tuple[FuzzyBooleanArguments, FuzzyBooleanTrainingArguments]:
@@ -904,6 +939,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     if exp.keep_freed_memory and base_args.device.type == "cpu":
         keep_freed_memory()
     sizes = exp.resolved()
+    check_options_early(exp, base_args)
     if exp.pretrained_model and exp.config_overrides:
         raise ValueError(
             "--config_overrides changes the pre-trained model; with --pretrained_model the checkpoint's config is "

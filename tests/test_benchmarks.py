@@ -414,3 +414,16 @@ def test_checkpoint_report_gives_accuracy_and_routing_density_per_task(
     for task in report.values():
         assert task["num_images"] == 3 and task["accuracy"] in (0, 1 / 3, 2 / 3, 1)
         assert len(task["density_per_iteration"]) == 2 and 0 < task["density_mean"] <= 1
+
+
+def test_gpu_suite_refuses_an_unknown_part_before_doing_anything(tmp_path: Path) -> None:
+    """A typo in the part list must not spend a lent GPU's time on nothing."""
+    suite = REPO / "benchmarks" / "gpu_suite.sh"
+    done = subprocess.run(
+        ["bash", str(suite), str(tmp_path / "out"), "fp32,diagnos"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "unknown part 'diagnos'" in done.stderr
+    assert not (tmp_path / "out").exists()

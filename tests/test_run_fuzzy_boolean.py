@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -567,3 +568,25 @@ def test_a_global_batch_that_the_processes_cannot_share_is_refused(tmp_path: Pat
     )
     assert proc.returncode != 0
     assert "--batch_size 31 is the global batch" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--adapt_lr_scheduler_type", "cosin"], "is not a schedule"),
+        (["--adapt_frozen", "("], "is not a regular expression"),
+        (["--optim", "sgd"], "both phases use RAdam"),
+        (["--quick", "--protocol", "full"], "conflicts with --protocol full"),
+        (["--pretrained_model", "/tmp/no/such/checkpoint"], "no such directory"),
+    ],
+)
+def test_bad_options_fail_before_pretraining(
+    script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture, extra: list[str], match: str
+) -> None:
+    """Options that used to fail (or be ignored) only after the whole pre-training are refused up front."""
+    args = ["--output_dir", str(tmp_path), "--disable_tqdm", "true", *extra]
+    if "--quick" not in extra:
+        args = ["--protocol", "quick", *args]
+    with caplog.at_level(logging.INFO), pytest.raises(ValueError, match=match):
+        script.main(args)
+    assert "Pre-training" not in caplog.text and not (tmp_path / "pretrain").exists()
