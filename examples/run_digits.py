@@ -25,6 +25,9 @@ first, so every evaluation sample is counted once.
 ``digits`` preset: 8 layers, d = 192, 3 heads, one CLS token and head per dataset) with the same data,
 augmentation, optimizer and schedule; ``--config_overrides`` then sets ``MultiTaskViTConfig`` arguments.
 
+``--do_train false --model_name_or_path DIR`` evaluates a saved model (an ``output_dir`` of this script or a
+Hub repo) on the test sets instead: nothing is trained, and no model, checkpoint or model card is saved.
+
 Defaults follow the paper: the ``digits`` preset, RAdam, cosine decay without warm-up from 8e-4 to 1e-6,
 batch size 128 (per device), 100 epochs. Everything in ``output_dir`` is what a Hub repo should hold; with
 ``--push_to_hub`` the folder is uploaded at the end with ``huggingface_hub`` (after everything was saved).
@@ -37,7 +40,7 @@ import math
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +71,13 @@ from ni_hf.digits_data import (
     PAPER_TASKS,
     SKLEARN_TASK,
     SOURCES,
+    canonical_task_name,
     load_digits_tasks,
+    resolve_dataset_source,
 )
 from ni_hf.evaluation import load_multitask_accuracy
 from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware
+from ni_hf.paths import check_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +176,15 @@ ARCHITECTURES = {
 class ModelArguments:
     """Which model to train: a preset of the paper, optionally changed from the command line."""
 
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate this saved model instead of training a new one: an output_dir of run_digits.py (or "
+            "one of its checkpoint-* folders) or a Hub repo id. Needs --do_train false; the checkpoint's config "
+            "is used (--architecture and --config_name are ignored, --config_overrides and the config options "
+            "below are errors). Default --task_names: the checkpoint's tasks; any subset of them can be given."
+        },
+    )
     architecture: str = field(
         default="neural_interpreter",
         metadata={
@@ -288,7 +303,9 @@ class DataArguments:
     data_dir: str | None = field(
         default=None,
         metadata={
-            "help": "Folder holding one sub-folder per dataset in the Hub Parquet layout, e.g. "
+            "help": "Only for --dataset_source local, which it selects when --dataset_source is not given (with "
+            "'hub' or 'sklearn' it is an error). Folder holding one sub-folder per dataset in the Hub Parquet "
+            "layout, e.g. "
             "<data_dir>/mnist/{train,test}.parquet and <data_dir>/mnist_m/{train,test}.parquet (columns image, "
             "label), or image folders <data_dir>/<task>/{train,test}/<label>/*.png. Folder names: "
             + "; ".join(f"{task}: {'/'.join(names)}" for task, names in LOCAL_FOLDER_NAMES.items())
@@ -338,7 +355,12 @@ class DigitsTrainingArguments(TrainingArguments):
     """TrainingArguments with the paper's recipe as defaults (every field can still be set on the command line)."""
 
     do_train: bool = field(
-        default=True, metadata={"help": "Train (default: true; --do_train false to only evaluate)."}
+        default=True,
+        metadata={
+            "help": "Train (default: true). --do_train false trains nothing and saves no model, checkpoint or "
+            "model card: it evaluates the saved model of --model_name_or_path (required) and writes only "
+            "eval_results.json and all_results.json to --output_dir, which must not hold a saved model."
+        },
     )
     do_eval: bool = field(
         default=True, metadata={"help": "Evaluate on the test sets after training (default: true)."}
@@ -347,7 +369,8 @@ class DigitsTrainingArguments(TrainingArguments):
         default=True,
         metadata={
             "help": "Optimize with torch.optim.RAdam (the paper's optimizer; uses --learning_rate, --adam_beta1, "
-            "--adam_beta2, --adam_epsilon, --weight_decay). --radam false uses the optimizer named by --optim."
+            "--adam_beta2, --adam_epsilon, --weight_decay). --radam false uses the optimizer named by --optim; "
+            "setting --optim while this is true is an error."
         },
     )
     keep_freed_memory: bool = field(default=False, metadata={"help": KEEP_FREED_MEMORY_HELP})
@@ -453,23 +476,57 @@ def build_config(
     return config
 
 
+def load_checkpoint_config(
+    model_args: ModelArguments,
+) -> tuple[str, NeuralInterpreterConfig | MultiTaskViTConfig]:
+    """The architecture and config of the saved model of --model_name_or_path (no weights loaded yet)."""
+    path = model_args.model_name_or_path
+    assert path is not None
+    config_dict, _ = transformers.PretrainedConfig.get_config_dict(path)
+    model_type = config_dict.get("model_type")
+    by_type = {classes[0].model_type: name for name, classes in ARCHITECTURES.items()}
+    if model_type not in by_type:
+        raise ValueError(
+            f"--model_name_or_path {path} holds a model of type {model_type!r}; expected a run_digits.py model, "
+            f"one of {sorted(by_type)}."
+        )
+    architecture = by_type[model_type]
+    if model_args.architecture not in (argument_default(ModelArguments, "architecture"), architecture):
+        raise ValueError(
+            f"--architecture {model_args.architecture}: --model_name_or_path {path} is a {architecture} model."
+        )
+    config = ARCHITECTURES[architecture][0].from_pretrained(path)
+    if model_args.attn_implementation is not None:
+        config._attn_implementation = model_args.attn_implementation
+    logger.info(
+        f"Evaluating the saved {architecture} model {path} (tasks {', '.join(config.task_names)}); its config "
+        "is used as saved."
+    )
+    return architecture, config
+
+
 # --------------------------------------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------------------------------------
 
 
-def resolve_data_arguments(data_args: DataArguments) -> tuple[str, list[str]]:
-    """The data source and the task names to load, with the documented defaults filled in."""
-    source = data_args.dataset_source or ("local" if data_args.data_dir else "hub")
+def resolve_data_arguments(
+    data_args: DataArguments, default_tasks: list[str] | None = None
+) -> tuple[str, list[str]]:
+    """The data source and the (canonical) task names to load, with the documented defaults filled in.
+
+    ``default_tasks`` replaces the source's default task list (a saved model's tasks, for evaluating it).
+    """
+    source = resolve_dataset_source(data_args.dataset_source, data_args.data_dir)
     if data_args.task_names:
         # Accept "--task_names mnist,mnistm" as well as "--task_names mnist mnistm".
         names = [name for item in data_args.task_names for name in item.split(",") if name.strip()]
-        return source, names
+        return source, [canonical_task_name(name) for name in names]
+    if default_tasks is not None:
+        return source, list(default_tasks)
     if source == "sklearn":
         return source, [SKLEARN_TASK]
     if source == "local":
-        if data_args.data_dir is None:
-            raise ValueError("--dataset_source local needs --data_dir.")
         root = Path(data_args.data_dir).expanduser()
         found = [task for task in PAPER_TASKS if any((root / f).is_dir() for f in LOCAL_FOLDER_NAMES[task])]
         if not found:
@@ -484,15 +541,22 @@ def resolve_data_arguments(data_args: DataArguments) -> tuple[str, list[str]]:
     return source, list(PAPER_TASKS)
 
 
-def make_transform(processor: NeuralInterpreterImageProcessor):
-    """Dataset transform: PIL images -> normalized (3, H, W) float arrays, labels and task ids."""
+def make_transform(processor: NeuralInterpreterImageProcessor, model_task_ids: list[int] | None = None):
+    """Dataset transform: PIL images -> normalized (3, H, W) float arrays, labels and task ids.
+
+    ``model_task_ids[i]``: the model's task id of the data's task ``i`` (a saved model evaluated on some of its
+    tasks, or in another order); default: the same ids.
+    """
 
     def transform(batch: dict[str, list[Any]]) -> dict[str, Any]:
         pixel_values = processor(images=batch["image"], do_patchify=False)["pixel_values"]
+        task_ids = [int(task_id) for task_id in batch["task_id"]]
+        if model_task_ids is not None:
+            task_ids = [model_task_ids[task_id] for task_id in task_ids]
         return {
             "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
             "labels": [int(label) for label in batch["label"]],
-            "task_ids": [int(task_id) for task_id in batch["task_id"]],
+            "task_ids": task_ids,
         }
 
     return transform
@@ -521,12 +585,18 @@ def task_sizes(dataset: datasets.Dataset, task_names: list[str]) -> list[int]:
 # --------------------------------------------------------------------------------------------------------
 
 
-def make_compute_metrics(metric: Any, task_names: list[str]):
+def make_compute_metrics(metric: Any, task_names: list[str], model_task_ids: list[int] | None = None):
     """compute_metrics for the Trainer: the evaluate metric per task and overall, plus per-task sample counts.
 
     The Trainer calls it with the predictions of all processes gathered (and the samples that padded the
     last batches dropped), so the counts prove that every evaluation sample was counted exactly once.
+    ``model_task_ids``: as in :func:`make_transform`; the task ids the metric receives are mapped back to
+    ``task_names``.
     """
+    to_data = None
+    if model_task_ids is not None:
+        to_data = np.zeros(max(model_task_ids) + 1, dtype=np.int64)
+        to_data[model_task_ids] = np.arange(len(model_task_ids))
 
     def compute_metrics(eval_pred: transformers.EvalPrediction) -> dict[str, float]:
         logits = (
@@ -534,6 +604,8 @@ def make_compute_metrics(metric: Any, task_names: list[str]):
         )
         predictions = np.asarray(logits).argmax(axis=-1)
         labels, task_ids = (np.asarray(x).reshape(-1) for x in eval_pred.label_ids)
+        if to_data is not None:
+            task_ids = to_data[task_ids]
         results = metric.compute(
             predictions=predictions.tolist(),
             references=labels.tolist(),
@@ -675,7 +747,15 @@ def write_model_card(
         if subsets
         else ""
     )
-    recipe_note = _recipe_note(source, data_args, train_metrics, training_args)
+    recipe_note = _recipe_note(
+        source=source,
+        data_dir=data_dir,
+        task_names=task_names,
+        config=config,
+        data_args=data_args,
+        train_metrics=train_metrics,
+        args=training_args,
+    )
     extra = []
     if source == "sklearn":
         extra.append(
@@ -721,21 +801,113 @@ def write_model_card(
     return path
 
 
+def argument_default(cls: type, name: str) -> Any:
+    """The default of a field of an argument dataclass (for this script's options: the paper's recipe)."""
+    spec = cls.__dataclass_fields__[name]
+    return spec.default_factory() if spec.default is MISSING else spec.default
+
+
 def _recipe_note(
-    source: str, data_args: DataArguments, train_metrics: dict[str, float], args: DigitsTrainingArguments
+    *,
+    source: str,
+    data_dir: str | None,
+    task_names: list[str],
+    config: NeuralInterpreterConfig | MultiTaskViTConfig,
+    data_args: DataArguments,
+    train_metrics: dict[str, float],
+    args: DigitsTrainingArguments,
 ) -> str:
-    """How this run differs from the paper's recipe, in one sentence."""
-    differences = []
-    if source == "sklearn":
-        differences.append("it trained on scikit-learn's 8x8 digits instead")
+    """The card's sentence on the paper's recipe: that this run followed it (in everything the card lists), or
+    every deviation from it (the recipe's values: the defaults of the argument dataclasses)."""
+    deviations = []
+
+    def differs(what: str, value: Any, recipe: Any, text: str | None = None, recipe_text: str | None = None):
+        if value != recipe:
+            deviations.append(f"{what} {text or value} (recipe {recipe_text or recipe})")
+
+    architecture = "vit" if isinstance(config, MultiTaskViTConfig) else "neural_interpreter"
+    differs("architecture", architecture, argument_default(ModelArguments, "architecture"))
+    differs("datasets", list(task_names), PAPER_TASKS, ", ".join(task_names), ", ".join(PAPER_TASKS))
+    if source != "hub":
+        where = f"local files under {data_dir}" if source == "local" else "scikit-learn's bundled 8x8 digits"
+        hub_ids = ", ".join(HUB_DATASETS[task].repo_id for task in PAPER_TASKS)
+        deviations.append(f"data from {where} (recipe: the Hub datasets {hub_ids})")
     if data_args.max_train_samples is not None:
-        differences.append(f"it used at most {data_args.max_train_samples} training images per dataset")
-    epochs = train_metrics.get("epoch", args.num_train_epochs)
-    if epochs and epochs < 100:
-        differences.append(f"it trained for {epochs:g} epochs")
-    if not differences:
+        deviations.append(
+            f"at most {data_args.max_train_samples} training images per dataset (recipe: the full training sets)"
+        )
+
+    preset = argument_default(ModelArguments, "config_name")
+    reference = type(config).from_paper(
+        preset,
+        task_names=list(config.task_names),
+        num_labels=config.num_labels,
+        id2label=config.id2label,
+        label2id=config.label2id,
+    )
+    # Keys every PretrainedConfig has (saved architectures, dtype, versions, ...) are not model settings.
+    generic = set(transformers.PretrainedConfig().to_dict())
+    ours, theirs = config.to_dict(), reference.to_dict()
+    changed = [
+        f"{key}={ours.get(key)!r} (recipe {theirs.get(key)!r})"
+        for key in sorted(set(ours) | set(theirs))
+        if key not in generic and ours.get(key) != theirs.get(key)
+    ]
+    if changed:
+        deviations.append(f"config (the {preset} preset changed): {', '.join(changed)}")
+
+    def recipe(name: str) -> Any:
+        return argument_default(DigitsTrainingArguments, name)
+
+    optimizer = "RAdam" if args.radam else str(getattr(args.optim, "value", args.optim))
+    differs("optimizer", optimizer, "RAdam")
+    differs("betas", (args.adam_beta1, args.adam_beta2), (recipe("adam_beta1"), recipe("adam_beta2")))
+    differs("epsilon", args.adam_epsilon, recipe("adam_epsilon"))
+    differs("weight decay", args.weight_decay, recipe("weight_decay"))
+    recipe_lr = recipe("learning_rate")
+    differs("learning rate", args.learning_rate, recipe_lr, f"{args.learning_rate:g}", f"{recipe_lr:g}")
+    differs(
+        "schedule",
+        str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+        recipe("lr_scheduler_type"),
+    )
+    differs("schedule arguments", args.lr_scheduler_kwargs, recipe("lr_scheduler_kwargs"))
+    differs("warm-up steps", args.warmup_steps, recipe("warmup_steps"))
+    batch = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+    # The recipe's batch is global (the paper's 128); the per-device default is it on one process.
+    differs("global batch size", batch, recipe("per_device_train_batch_size"))
+    recipe_epochs = recipe("num_train_epochs")
+    if not train_metrics:
+        deviations.append(f"no training in this run (recipe: {recipe_epochs:g} epochs)")
+    else:
+        epochs = train_metrics.get("epoch", args.num_train_epochs)
+        differs("epochs", epochs, recipe_epochs, f"{epochs:g}", f"{recipe_epochs:g}")
+
+    recipe_augment = (
+        f"RandAugment n={argument_default(DataArguments, 'randaugment_num_ops')}, "
+        f"m={argument_default(DataArguments, 'randaugment_magnitude'):g}, "
+        f"p={argument_default(DataArguments, 'randaugment_probability'):g}, all of timm's operations"
+    )
+    if not data_args.randaugment:
+        deviations.append(f"no augmentation (recipe: {recipe_augment})")
+    else:
+        policy = select_randaugment_policy(data_args.randaugment_operations)
+        operations = [name for name, _, _ in policy or TIMM_RANDAUGMENT_POLICY]
+        augment = (
+            f"RandAugment n={data_args.randaugment_num_ops}, m={data_args.randaugment_magnitude:g}, "
+            f"p={data_args.randaugment_probability:g}, "
+            + (
+                "all of timm's operations"
+                if sorted(operations) == sorted(name for name, _, _ in TIMM_RANDAUGMENT_POLICY)
+                else "operations " + " ".join(operations)
+            )
+        )
+        if augment != recipe_augment:
+            deviations.append(f"augmentation {augment} (recipe: {recipe_augment})")
+
+    if not deviations:
         return "This run followed that recipe."
-    return "This run differs: " + "; ".join(differences) + ", so its accuracies are not the paper's."
+    return "This run deviates from that recipe: " + "; ".join(deviations) + "."
 
 
 def push_output_dir(
@@ -793,6 +965,66 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, Dig
     return parser.parse_args_into_dataclasses(args=argv)
 
 
+def check_arguments(
+    model_args: ModelArguments, data_args: DataArguments, training_args: DigitsTrainingArguments
+) -> None:
+    """Refuse contradictory or ineffective options before anything is loaded."""
+    optim = str(getattr(training_args.optim, "value", training_args.optim))
+    default_optim = argument_default(TrainingArguments, "optim")
+    default_optim = str(getattr(default_optim, "value", default_optim))
+    if training_args.radam and optim != default_optim:
+        raise ValueError(
+            f"--optim {optim} with --radam true: RAdam would be used and --optim ignored. Pass --radam false to "
+            f"train with --optim {optim}, or leave --optim at its default ({default_optim}) to train with RAdam."
+        )
+    resolve_dataset_source(data_args.dataset_source, data_args.data_dir)
+    select_randaugment_policy(data_args.randaugment_operations)
+
+    path = model_args.model_name_or_path
+    if path is not None:
+        if training_args.do_train:
+            raise ValueError(
+                f"--model_name_or_path {path} evaluates a saved model and needs --do_train false; got --do_train "
+                "true. To continue an interrupted training run, use --resume_from_checkpoint."
+            )
+        options = ["--config_overrides"] if model_args.config_overrides is not None else []
+        options += [f"--{name}" for name in COMMON_CONFIG_FIELDS if getattr(model_args, name) is not None]
+        if options:
+            raise ValueError(
+                f"{', '.join(options)}: settings of a new model; with --model_name_or_path the saved model's "
+                "config is used as it is."
+            )
+        model_args.model_name_or_path = check_model_path(path)
+    if training_args.do_train:
+        return
+    if path is None:
+        raise ValueError(
+            "--do_train false evaluates a saved model and needs --model_name_or_path (an output_dir of this "
+            "script or a Hub repo id); got none. Nothing is trained or saved with --do_train false."
+        )
+    if not training_args.do_eval:
+        raise ValueError("--do_train false with --do_eval false: nothing to do; pass --do_eval true.")
+    if training_args.push_to_hub:
+        raise ValueError(
+            "--push_to_hub with --do_train false: nothing is trained or saved, so there is nothing to upload."
+        )
+    if training_args.resume_from_checkpoint:
+        raise ValueError(
+            f"--resume_from_checkpoint {training_args.resume_from_checkpoint} with --do_train false: resuming "
+            "continues training; to evaluate a checkpoint, pass it as --model_name_or_path."
+        )
+    output_dir = Path(training_args.output_dir)
+    saved = [
+        name for name in ("config.json", "model.safetensors", "README.md") if (output_dir / name).exists()
+    ]
+    if saved:
+        raise ValueError(
+            f"--output_dir {output_dir} holds a saved model ({', '.join(saved)}); --do_train false writes "
+            "eval_results.json and all_results.json there, which would replace that run's: pass an --output_dir "
+            "of its own."
+        )
+
+
 def setup_logging(training_args: TrainingArguments) -> None:
     """Log like the transformers examples: INFO on the main process, warnings on the others."""
     logging.basicConfig(
@@ -814,6 +1046,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """Train and evaluate; return the final metrics (also in <output_dir>/all_results.json)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     model_args, data_args, training_args = parse_arguments(argv)
+    check_arguments(model_args, data_args, training_args)
     push_to_hub = training_args.push_to_hub
     # The upload happens at the very end, after everything was saved locally: keep the Trainer from
     # creating the repo at start-up and from regenerating README.md with its own card.
@@ -842,7 +1075,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if training_args.keep_freed_memory and training_args.device.type == "cpu":
         keep_freed_memory()
     set_seed(training_args.seed)
-    source, requested = resolve_data_arguments(data_args)
+    if model_args.model_name_or_path is not None:
+        model_args.architecture, config = load_checkpoint_config(model_args)
+        source, requested = resolve_data_arguments(data_args, default_tasks=list(config.task_names))
+        unknown = [name for name in requested if name not in config.task_names]
+        if unknown:
+            raise ValueError(
+                f"--task_names {' '.join(unknown)}: --model_name_or_path {model_args.model_name_or_path} has no "
+                f"head for them; its tasks are {', '.join(config.task_names)}."
+            )
+    else:
+        source, requested = resolve_data_arguments(data_args)
+        # Before the data are loaded: a wrong --config_overrides should not wait for downloads.
+        config = build_config(model_args, requested)
     with training_args.main_process_first(desc="loading the datasets"):
         raw, task_names = load_digits_tasks(
             requested,
@@ -857,16 +1102,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for name, n_train, n_eval in zip(task_names, train_counts, eval_counts, strict=True):
         logger.info(f"Dataset {name!r} ({source}): {n_train} training samples, {n_eval} test samples")
 
-    config = build_config(model_args, task_names)
-    model = ARCHITECTURES[model_args.architecture][1](config)
+    model_class = ARCHITECTURES[model_args.architecture][1]
+    if model_args.model_name_or_path is not None:
+        model = model_class.from_pretrained(model_args.model_name_or_path, config=config)
+    else:
+        model = model_class(config)
+    model_task_ids = [list(config.task_names).index(name) for name in task_names]
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.info(f"{type(model).__name__}: {num_params:,} parameters ({num_trainable:,} trainable)")
     processor = NeuralInterpreterImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
     )
-    raw["train"].set_transform(make_transform(processor))
-    raw["test"].set_transform(make_transform(processor))
+    raw["train"].set_transform(make_transform(processor, model_task_ids))
+    raw["test"].set_transform(make_transform(processor, model_task_ids))
 
     augmentation = None
     if data_args.randaugment and training_args.do_train:
@@ -903,7 +1152,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         train_dataset=raw["train"] if training_args.do_train else None,
         eval_dataset=raw["test"] if training_args.do_eval else None,
         processing_class=processor,
-        compute_metrics=make_compute_metrics(metric, task_names),
+        compute_metrics=make_compute_metrics(metric, task_names, model_task_ids),
         optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
         augmentation=augmentation,
     )
@@ -928,8 +1177,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         trainer.log_metrics("train", train_metrics)
         trainer.save_metrics("train", train_metrics)
         trainer.save_state()
-    elif training_args.should_save:
-        trainer.save_model()
 
     eval_metrics: dict[str, float] = {}
     if training_args.do_eval:
@@ -947,7 +1194,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"({int(eval_metrics.get('eval_num_samples', 0))} samples)"
         )
 
-    if trainer.is_world_process_zero():
+    if not training_args.do_train:
+        logger.info(
+            f"--do_train false: nothing was trained, so no model, checkpoint or model card was saved; the "
+            f"evaluation of {model_args.model_name_or_path} is in {training_args.output_dir}/eval_results.json"
+        )
+    elif trainer.is_world_process_zero():
         card_path = write_model_card(
             output_dir=training_args.output_dir,
             model_name=repo_id.split("/")[-1],

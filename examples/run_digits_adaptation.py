@@ -23,7 +23,7 @@ and ``--studies`` left at its default only ``fast_adaptation`` runs, and asking 
 Results go to ``<output_dir>/adaptation_results.json`` and ``adaptation_results.md``. Quick check (offline):
 
     python examples/run_digits_adaptation.py --model_name_or_path runs/sklearn-digits --new_task mnist \
-        --dataset_source local --data_dir ../shared/data --num_train_samples 128 512 --output_dir runs/adapt
+        --data_dir ../shared/data --num_train_samples 128 512 --output_dir runs/adapt
 """
 
 from __future__ import annotations
@@ -53,8 +53,15 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.digits_data import SKLEARN_TASK, SOURCES, canonical_task_name, load_task_split
+from ni_hf.digits_data import (
+    SKLEARN_TASK,
+    SOURCES,
+    canonical_task_name,
+    load_task_split,
+    resolve_dataset_source,
+)
 from ni_hf.evaluation import compute_multitask_accuracy
+from ni_hf.paths import check_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +85,9 @@ class AdaptationArguments:
     model_name_or_path: str = field(
         metadata={
             "help": "A digits checkpoint of run_digits.py (its output_dir or a Hub repo id): a Neural Interpreter, "
-            "or a multi-task ViT (--architecture vit), which runs fast_adaptation only."
+            "or a multi-task ViT (--architecture vit), which runs fast_adaptation only. A path that is absolute, "
+            "starts with . or ~, or has more than one '/' must be an existing folder; 'namespace/name' that is "
+            "not a folder here is a Hub repo id."
         }
     )
     studies: str = field(
@@ -94,23 +103,28 @@ class AdaptationArguments:
             "help": "The new dataset to adapt to (paper: K-MNIST, 'kmnist'; also 'fashion_mnist', 'mnist')."
         },
     )
-    dataset_source: str = field(
-        default="hub",
+    dataset_source: str | None = field(
+        default=None,
         metadata={
-            "help": f"Where the data comes from, one of {list(SOURCES)}: the Hub (default), 'local' Parquet "
-            "folders (--data_dir) or 'sklearn' (scikit-learn's 8x8 digits, offline). The same source serves the "
-            "new dataset and, for dropped_functions, the pre-training datasets (scikit-learn's digits always "
-            "come from scikit-learn)."
+            "help": f"Where the data comes from, one of {list(SOURCES)}: the Hub, 'local' Parquet folders "
+            "(--data_dir) or 'sklearn' (scikit-learn's 8x8 digits, offline). Default: 'local' if --data_dir is "
+            "given, else 'hub' (as in run_digits.py). The same source serves the new dataset and, for "
+            "dropped_functions, the pre-training datasets (scikit-learn's digits always come from scikit-learn).",
+            "choices": list(SOURCES),
         },
     )
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "With --dataset_source local: folder holding <task>/train.parquet, ..."},
+        metadata={
+            "help": "Folder holding <task>/train.parquet, ... (as in run_digits.py). Only for --dataset_source "
+            "local, which it selects when --dataset_source is not given; with 'hub' or 'sklearn' it is an error."
+        },
     )
     num_train_samples: list[int] = field(
         default_factory=lambda: [128, 512, 2048, 8192],
         metadata={
-            "help": "fast_adaptation / reinitialized_functions: training set sizes N of the new dataset."
+            "help": "fast_adaptation / reinitialized_functions: training set sizes N of the new dataset; all of "
+            "them are checked against its training split before the first run."
         },
     )
     adaptation_seeds: list[int] = field(
@@ -137,7 +151,10 @@ class AdaptationArguments:
     )
     capacity_train_samples: int = field(
         default=8192,
-        metadata={"help": "capacity_extension: training samples of the new dataset (paper: 8192)."},
+        metadata={
+            "help": "capacity_extension: training samples of the new dataset (paper: 8192); checked against its "
+            "training split before the first run."
+        },
     )
     capacity_learning_rate: float = field(
         default=0.05,
@@ -180,6 +197,28 @@ class AdaptationTrainingArguments(TrainingArguments):
     disable_tqdm: bool | None = field(
         default=True, metadata={"help": "The Trainer's own bar per run (off: the studies show one bar each)."}
     )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Arguments
+# --------------------------------------------------------------------------------------------------------
+
+
+def check_sizes(exp: AdaptationArguments, studies: list[str], available: int, task_name: str) -> None:
+    """Every training set size the studies will draw must fit in the new dataset's training split."""
+    requested = {}
+    if {"fast_adaptation", "reinitialized_functions"} & set(studies):
+        requested["--num_train_samples"] = exp.num_train_samples
+    if "capacity_extension" in studies:
+        requested["--capacity_train_samples"] = [exp.capacity_train_samples]
+    too_large = {option: [n for n in sizes if n > available] for option, sizes in requested.items()}
+    too_large = {option: sizes for option, sizes in too_large.items() if sizes}
+    if too_large:
+        what = " and ".join(f"{option} {' '.join(map(str, sizes))}" for option, sizes in too_large.items())
+        raise ValueError(
+            f"{what}: more than the {available} images of the training split of {task_name} "
+            f"({exp.dataset_source}); pass sizes of at most {available}."
+        )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -610,6 +649,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AdaptationArguments, Adap
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the requested studies; write and return the results."""
     exp, base = parse_args(argv)
+    exp.model_name_or_path = check_model_path(exp.model_name_or_path)
+    exp.dataset_source = resolve_dataset_source(exp.dataset_source, exp.data_dir)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
     )
@@ -650,6 +691,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     training_studies = [s for s in studies if s != "dropped_functions"]
     if training_studies:
         train_raw = load_task_split(exp.new_task, "train", exp.dataset_source, exp.data_dir)
+        check_sizes(exp, training_studies, len(train_raw), results["new_task"])
         test_raw = load_task_split(
             exp.new_task, "test", exp.dataset_source, exp.data_dir, max_samples=exp.max_eval_samples
         )

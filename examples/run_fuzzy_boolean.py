@@ -79,6 +79,7 @@ from ni_hf.configuration_neural_interpreter import config_argument_names, parse_
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
+from ni_hf.paths import check_model_path
 
 logger = logging.getLogger("run_fuzzy_boolean")
 
@@ -880,10 +881,8 @@ def ignored_training_arguments(args: TrainingArguments) -> list[str]:
 
 def check_options_early(exp: FuzzyBooleanArguments, args: TrainingArguments) -> None:
     """Refuse option values that would otherwise fail or be ignored only after hours of pre-training."""
-    if exp.pretrained_model and not Path(exp.pretrained_model).expanduser().is_dir():
-        # Hub ids are "name" or "namespace/name"; anything else can only be a local path.
-        if exp.pretrained_model.startswith((".", "/", "~")) or exp.pretrained_model.count("/") > 1:
-            raise ValueError(f"--pretrained_model {exp.pretrained_model}: no such directory.")
+    if exp.pretrained_model:
+        exp.pretrained_model = check_model_path(exp.pretrained_model, "--pretrained_model")
     try:
         SchedulerType(exp.adapt_lr_scheduler_type)
     except ValueError:

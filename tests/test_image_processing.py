@@ -385,3 +385,13 @@ def test_sixteen_bit_values_are_flagged(processor: NeuralInterpreterImageProcess
     with CaptureLogger(logger) as captured:
         processor(images=np.full((32, 32), 60000, dtype=np.uint16), return_tensors="np")
     assert "above 255" in captured.out
+
+
+def test_mixed_sizes_without_resizing_name_the_way_out(processor: NeuralInterpreterImageProcessor) -> None:
+    images = [np.zeros((32, 32, 3), dtype=np.uint8), np.zeros((16, 16, 3), dtype=np.uint8)]
+    with pytest.raises(ValueError, match="do_resize=True"):
+        processor(images=images, do_resize=False, return_tensors="pt")
+    as_list = processor(images=images, do_resize=False, return_tensors=None, do_patchify=False)[
+        "pixel_values"
+    ]
+    assert [image.shape for image in as_list] == [(3, 32, 32), (3, 16, 16)]

@@ -476,3 +476,156 @@ def test_short_training_on_real_mnist_and_mnist_m(tmp_path):
     assert results["eval_num_samples_mnist"] == results["eval_num_samples_mnistm"] == 500
     assert results["eval_accuracy_mnist"] > 0.5, results
     assert results["eval_accuracy_mnistm"] > 0.2, results
+
+
+# ------------------------------------------------------------------------------ argument checks, evaluation
+
+
+@pytest.fixture
+def no_data_loading(monkeypatch):
+    """Make loading data an error: the checks below must fail before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the datasets were loaded before the arguments were checked")
+
+    monkeypatch.setattr(run_digits, "load_digits_tasks", refuse)
+
+
+def quick_args(output_dir: Path, *extra: str) -> list[str]:
+    return ["--output_dir", str(output_dir), "--use_cpu", "true", "--report_to", "none", *extra]
+
+
+def test_optim_with_radam_is_refused(no_data_loading, tmp_path):
+    with pytest.raises(ValueError, match=r"--optim sgd with --radam true.*--radam false"):
+        run_digits.main(quick_args(tmp_path, "--dataset_source", "sklearn", "--optim", "sgd"))
+    model_args, data_args, args = run_digits.parse_arguments(
+        quick_args(tmp_path, "--optim", "sgd", "--radam", "false")
+    )
+    run_digits.check_arguments(model_args, data_args, args)  # --radam false: --optim is what trains
+
+
+@pytest.mark.parametrize("source", ["sklearn", "hub"])
+def test_data_dir_with_another_source_is_refused(no_data_loading, tmp_path, source):
+    with pytest.raises(
+        ValueError, match=f"--data_dir only applies to --dataset_source local.*got --dataset_source {source}"
+    ):
+        run_digits.main(quick_args(tmp_path, "--dataset_source", source, "--data_dir", "/nonexistent"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["--config_overrides", "num_funtions=6"], "unknown setting 'num_funtions'"),
+        (["--architecture", "vit", "--config_overrides", "hidden_size=64"], "divisible"),
+    ],
+)
+def test_config_is_checked_before_the_data_are_loaded(no_data_loading, tmp_path, overrides, error):
+    with pytest.raises(ValueError, match=error):
+        run_digits.main(quick_args(tmp_path, "--dataset_source", "sklearn", *overrides))
+
+
+def test_recipe_note_lists_every_deviation_from_the_paper():
+    def note(*argv: str, tasks: list[str] | None = None, train_metrics: dict | None = None) -> str:
+        model_args, data_args, args = run_digits.parse_arguments(["--output_dir", "unused", *argv])
+        source, names = run_digits.resolve_data_arguments(data_args)
+        names = tasks or names
+        return run_digits._recipe_note(
+            source=source,
+            data_dir=data_args.data_dir,
+            task_names=names,
+            config=run_digits.build_config(model_args, names),
+            data_args=data_args,
+            train_metrics={"epoch": 100.0} if train_metrics is None else train_metrics,
+            args=args,
+        )
+
+    assert note() == "This run followed that recipe."
+    deviating = note(
+        "--config_overrides", "hidden_size=64", "--learning_rate", "3e-3", tasks=["mnist", "mnistm"]
+    )
+    assert deviating.startswith("This run deviates from that recipe: ")
+    assert "datasets mnist, mnistm (recipe mnist, mnistm, svhn)" in deviating
+    assert "hidden_size=64 (recipe 192)" in deviating and "learning rate 0.003 (recipe 0.0008)" in deviating
+    assert "followed" not in deviating
+    others = note(
+        "--architecture", "vit", "--radam", "false", "--optim", "adamw_torch", "--per_device_train_batch_size",
+        "32", "--randaugment", "false", "--max_train_samples", "100", train_metrics={},
+    )  # fmt: skip
+    for expected in (
+        "architecture vit (recipe neural_interpreter)",
+        "optimizer adamw_torch (recipe RAdam)",
+        "global batch size 32 (recipe 128)",
+        "no augmentation",
+        "at most 100 training images per dataset",
+        "no training in this run (recipe: 100 epochs)",
+    ):
+        assert expected in others, (expected, others)
+    assert "epochs 50 (recipe 100)" in note(train_metrics={"epoch": 50.0})
+
+
+def test_model_card_says_how_the_run_deviates_from_the_recipe(single_run):
+    output_dir, _, _ = single_run
+    card = (output_dir / "README.md").read_text()
+    assert "This run deviates from that recipe: datasets mnist, mnistm (recipe mnist, mnistm, svhn)" in card
+    assert "hidden_size=16 (recipe 192)" in card and "global batch size 8 (recipe 128)" in card
+    assert "followed that recipe" not in card
+
+
+def test_do_train_false_without_a_checkpoint_is_refused_and_keeps_the_trained_model(
+    single_run, data_dir, tmp_path
+):
+    trained = tmp_path / "trained"
+    shutil.copytree(single_run[0], trained, ignore=shutil.ignore_patterns("checkpoint-*"))
+    before = {name: (trained / name).read_bytes() for name in ("model.safetensors", "README.md")}
+    with isolated_run(tmp_path / "hf_home"), pytest.raises(ValueError, match="needs --model_name_or_path"):
+        run_digits.main(tiny_args(trained, data_dir, "--do_train", "false"))
+    assert {name: (trained / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--do_train", "true"], "needs --do_train false"),
+        (
+            ["--do_train", "false", "--config_overrides", "hidden_size=8"],
+            "--config_overrides: settings of a new",
+        ),
+        (["--do_train", "false", "--hidden_size", "8"], "--hidden_size: settings of a new model"),
+        (["--do_train", "false", "--push_to_hub"], "nothing to upload"),
+        (["--do_train", "false", "--resume_from_checkpoint", "last"], "pass it as --model_name_or_path"),
+    ],
+)
+def test_model_name_or_path_refuses_what_it_cannot_do(single_run, no_data_loading, tmp_path, extra, error):
+    args = quick_args(tmp_path / "eval", "--model_name_or_path", str(single_run[0]), *extra)
+    with pytest.raises(ValueError, match=error):
+        run_digits.main(args)
+
+
+def test_do_train_false_does_not_write_into_a_saved_model(single_run, no_data_loading):
+    output_dir = single_run[0]
+    args = quick_args(output_dir, "--model_name_or_path", str(output_dir), "--do_train", "false")
+    with pytest.raises(ValueError, match="holds a saved model"):
+        run_digits.main(args)
+
+
+def test_do_train_false_evaluates_the_saved_model_and_saves_nothing(single_run, data_dir, tmp_path):
+    trained = single_run[0]
+    results = read_json(trained / "all_results.json")
+    weights = (trained / "model.safetensors").read_bytes()
+    base = ["--model_name_or_path", str(trained), "--do_train", "false", "--data_dir", str(data_dir)]
+    base += ["--per_device_eval_batch_size", "8", "--max_eval_samples", str(EVAL_PER_TASK), "--seed", "0"]
+    output_dir = tmp_path / "eval"
+    with isolated_run(tmp_path / "hf_home") as messages:
+        evaluated = run_digits.main(quick_args(output_dir, *base))
+    for task in ("mnist", "mnistm"):  # the trained model, not a fresh one: the same accuracies
+        assert evaluated[f"eval_accuracy_{task}"] == pytest.approx(results[f"eval_accuracy_{task}"], abs=1e-9)
+    assert {p.name for p in output_dir.iterdir()} == {"eval_results.json", "all_results.json"}
+    assert (trained / "model.safetensors").read_bytes() == weights
+    assert any("nothing was trained, so no model, checkpoint or model card was saved" in m for m in messages)
+    # One of the saved model's tasks: its own head (task id 1 of the model, 0 of the data).
+    with isolated_run(tmp_path / "hf_home"):
+        one = run_digits.main(quick_args(tmp_path / "eval_mnistm", *base, "--task_names", "mnistm"))
+    assert one["eval_num_samples"] == one["eval_num_samples_mnistm"] == EVAL_PER_TASK
+    assert one["eval_accuracy_mnistm"] == pytest.approx(results["eval_accuracy_mnistm"], abs=1e-9)
+    with pytest.raises(ValueError, match="has no head for them"):
+        run_digits.main(quick_args(tmp_path / "eval_svhn", *base, "--task_names", "svhn"))

@@ -162,3 +162,113 @@ def test_dropped_functions_tries_every_choice_when_there_are_few(
         predictions = model(**batch, task_ids=torch.zeros(len(test), dtype=torch.long)).logits.argmax(-1)
     expected = (predictions == torch.tensor(list(test["label"]))).float().mean().item()
     assert dropped["0"]["accuracy"]["values"] == [pytest.approx(expected)]
+
+
+# ----------------------------------------------------------------------------------------- argument checks
+
+
+@pytest.fixture
+def no_data_loading(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make loading data an error: the checks below must fail before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("data were loaded before the arguments were checked")
+
+    monkeypatch.setattr(script, "load_task_split", refuse)
+
+
+@pytest.mark.parametrize("path", ["absolute", "./does_not_exist", "~/does_not_exist_ni_hf", "a/b/c"])
+def test_missing_local_checkpoint_is_named(
+    script: ModuleType, no_data_loading, tmp_path: Path, path: str
+) -> None:
+    path = str(tmp_path / "does_not_exist") if path == "absolute" else path
+    with pytest.raises(ValueError, match=f"--model_name_or_path {path}: no such directory"):
+        script.main(["--model_name_or_path", path, "--output_dir", str(tmp_path / "out")])
+    assert script.check_model_path("namespace/name") == "namespace/name"  # a Hub repo id stays one
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="not a directory"):
+        script.check_model_path(str(tmp_path / "file"))
+
+
+@pytest.mark.parametrize(
+    ("source_args", "error"),
+    [
+        (["--dataset_source", "sklearn", "--data_dir", "/nonexistent"], "--data_dir only applies to"),
+        (["--dataset_source", "hub", "--data_dir", "/nonexistent"], "--data_dir only applies to"),
+        (["--dataset_source", "local"], "--dataset_source local needs --data_dir"),
+    ],
+)
+def test_data_dir_goes_only_with_local_data(
+    script: ModuleType, checkpoint: Path, no_data_loading, tmp_path: Path, source_args: list[str], error: str
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        script.main(["--model_name_or_path", str(checkpoint), *source_args, "--output_dir", str(tmp_path)])
+
+
+def test_data_dir_alone_selects_local_data_as_in_run_digits(
+    script: ModuleType, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sklearn.datasets import load_digits
+
+    data_dir = tmp_path / "data"
+    bunch = load_digits()
+    images = (bunch.images * (255 / 16)).round().astype("uint8")
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(i) for i in range(10)])}
+    )
+    (data_dir / "mnist").mkdir(parents=True)
+    for split, rows in (("train", slice(0, 40)), ("test", slice(40, 60))):
+        data = {"image": list(images[rows]), "label": bunch.target[rows].tolist()}
+        datasets.Dataset.from_dict(data, features=features).to_parquet(
+            data_dir / "mnist" / f"{split}.parquet"
+        )
+    real = script.load_task_split
+
+    def local_only(task, split, source, *args, **kwargs):
+        assert source == "local", f"{task} ({split}) loaded from {source!r}, not from --data_dir"
+        return real(task, split, source, *args, **kwargs)
+
+    monkeypatch.setattr(script, "load_task_split", local_only)
+    args = ["--model_name_or_path", str(checkpoint), "--new_task", "mnist", "--data_dir", str(data_dir)]
+    args += ["--studies", "fast_adaptation", "--num_train_samples", "16", "--adaptation_seeds", "0"]
+    args += [
+        "--adapt_epochs",
+        "1",
+        "--batch_size",
+        "16",
+        "--use_cpu",
+        "true",
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
+    results = script.main(args)
+    assert results["arguments"]["dataset_source"] == "local"
+    assert results["fast_adaptation"]["16"]["runs"] == 1
+    resolve = script.resolve_dataset_source
+    assert resolve(None, None) == "hub" and resolve("sklearn", None) == "sklearn"
+
+
+def test_too_large_training_sizes_fail_before_any_run(
+    script: ModuleType, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("a run started before the sizes were checked")
+
+    monkeypatch.setattr(script, "finetune", refuse)
+    args = [
+        "--model_name_or_path",
+        str(checkpoint),
+        "--new_task",
+        "sklearn_digits",
+        "--dataset_source",
+        "sklearn",
+    ]
+    args += ["--studies", "fast_adaptation,capacity_extension", "--num_train_samples", "32", "2048", "5000"]
+    args += ["--output_dir", str(tmp_path / "out")]
+    expected = (
+        "--num_train_samples 2048 5000 and --capacity_train_samples 8192: more than the 1437 images of the "
+        "training split of sklearn_digits"
+    )
+    with pytest.raises(ValueError, match=expected):
+        script.main(args)
+    assert not (tmp_path / "out").exists()

@@ -152,6 +152,22 @@ LOCAL_FOLDER_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 
+def resolve_dataset_source(dataset_source: str | None, data_dir: str | Path | None) -> str:
+    """--dataset_source, or "local" when only --data_dir is given, else "hub"; --data_dir only goes with "local"."""
+    if data_dir is not None and dataset_source not in (None, "local"):
+        raise ValueError(
+            f"--data_dir only applies to --dataset_source local (which it selects when --dataset_source is not "
+            f"given); got --dataset_source {dataset_source} with --data_dir {data_dir}."
+        )
+    source = dataset_source or ("local" if data_dir is not None else "hub")
+    if source == "local" and data_dir is None:
+        raise ValueError(
+            "--dataset_source local needs --data_dir (a folder holding <task>/train.parquet, ...)."
+        )
+    _check_source(source)
+    return source
+
+
 def canonical_task_name(name: str) -> str:
     """Map a task name or alias (case-insensitive) to its canonical name."""
     key = name.strip().lower()
@@ -451,6 +467,7 @@ __all__ = [
     "HubDatasetSpec",
     "canonical_task_name",
     "known_task_names",
+    "resolve_dataset_source",
     "load_digits_tasks",
     "load_task_split",
 ]

@@ -348,6 +348,12 @@ class NeuralInterpreterImageProcessor(PilBackend):
             )
         batch = super()._preprocess(images, do_rescale=do_rescale, return_tensors=None, **kwargs)
         pixel_values = [np.asarray(image, dtype=np.float32) for image in batch["pixel_values"]]
+        sizes = sorted({image.shape[-2:] for image in pixel_values})
+        if return_tensors is not None and len(sizes) > 1:
+            raise ValueError(
+                f"Images of different sizes {sizes} cannot be stacked into one tensor: keep do_resize=True (every "
+                "image to `size`), or pass return_tensors=None for a list."
+            )
         if do_patchify:
             pixel_values = [patchify(image, patch_size) for image in pixel_values]
         return BatchFeature(data={"pixel_values": pixel_values}, tensor_type=return_tensors)
