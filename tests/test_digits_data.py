@@ -21,6 +21,7 @@ from ni_hf.digits_data import (
     known_task_names,
     load_digits_tasks,
     load_task_split,
+    resolve_dataset_source,
 )
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -105,7 +106,7 @@ def test_task_names_and_errors() -> None:
         load_digits_tasks(["mnist"], source="ftp")
     with pytest.raises(ValueError, match="Duplicate"):
         load_digits_tasks(["mnistm", "mnist_m"], source="local", data_dir="/nonexistent")
-    with pytest.raises(ValueError, match="needs data_dir"):
+    with pytest.raises(ValueError, match="needs --data_dir"):
         load_digits_tasks(["mnist"], source="local")
     with pytest.raises(ValueError, match="Unknown split"):
         load_task_split(SKLEARN_TASK, "validation", source="sklearn")
@@ -314,3 +315,11 @@ def test_hub_loading_path_with_fake_hub(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(digits_data, "load_dataset", no_files_then_config)
     load_task_split("svhn", "test")
     assert calls == [("ufldl-stanford/svhn", "cropped_digits", "test", None)]
+
+
+def test_data_dir_alone_means_local_data_in_the_library_too(tmp_path) -> None:
+    # A local lookup that names the missing task folder, not a download from the Hub.
+    with pytest.raises(FileNotFoundError, match="No local data for task 'mnist'"):
+        load_digits_tasks(["mnist"], data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="empty string"):
+        resolve_dataset_source("", None)

@@ -344,3 +344,30 @@ def test_paper_sizes_are_fast() -> None:
     assert tensors["pretrain"]["train"][1].shape == (131072, 20)
     assert tensors["adapt"]["test"][1].shape == (32768, 10)
     assert float(tensors["pretrain"]["train"][1].std(dim=0).min()) > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: sample_functions(2, -1), "num_variables"),
+        (lambda: sample_functions(2, 2.5), "num_variables"),
+        (lambda: sample_functions(-1, 3), "num_functions"),
+        (lambda: truth_table_inputs(-1), "num_variables"),
+        (lambda: make_fuzzy_boolean_tensors(2, -1, 3, points_per_function=10), "num_adapt_functions"),
+        (lambda: make_fuzzy_boolean_tensors(2, 1, 3, points_per_function=-5), "points_per_function"),
+        (lambda: make_fuzzy_boolean_tensors(2, 1, 3, points_per_function=10, seed=-1), "seed"),
+        (lambda: make_fuzzy_boolean_datasets(2, 0, 3, points_per_function=10), "num_adapt_functions"),
+        (lambda: FuzzyBooleanFunction(np.array([0, 1, 1, 0], bool))(torch.zeros(3, 3)), r"shape \(M, 2\)"),
+        (lambda: FuzzyBooleanFunction(np.array([0, 1, 1, 0], bool))(torch.zeros(2)), r"shape \(M, 2\)"),
+        (lambda: evaluate_truth_tables(np.zeros((1, 2)), np.ones((2, 2, 4))), "shape"),
+        (lambda: evaluate_truth_tables(np.zeros((1, 3)), np.ones((2, 4))), r"2\*\*3 = 8 entries"),
+    ],
+)
+def test_invalid_arguments_name_what_was_expected(call, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_the_constant_zero_function_is_plus_zero() -> None:
+    value = FuzzyBooleanFunction(np.zeros(4, bool))(np.full((1, 2), 0.3))
+    assert value[0] == 0.0 and not np.signbit(value[0])

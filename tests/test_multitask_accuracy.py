@@ -171,3 +171,15 @@ def test_make_compute_metrics() -> None:
     _assert_results(make_compute_metrics(TASK_NAMES)(eval_pred), EXPECTED)
     with pytest.raises(ValueError, match="label_names"):
         make_compute_metrics(TASK_NAMES)(SimpleNamespace(predictions=logits, label_ids=np.array(REFERENCES)))
+
+
+def test_non_integer_predictions_are_refused_not_truncated() -> None:
+    import pytest
+
+    from ni_hf.evaluation import compute_multitask_accuracy
+
+    with pytest.raises(ValueError, match="predictions must be integer"):
+        compute_multitask_accuracy([1.7, 0], [1, 0], [0, 0])
+    with pytest.raises(ValueError, match="task_ids must be integer"):
+        compute_multitask_accuracy([1, 1], [1, 1], [0.5, 1.0])
+    assert compute_multitask_accuracy([1.0, 0.0], [1, 0], [0, 0])["accuracy"] == 1.0

@@ -629,3 +629,16 @@ def test_do_train_false_evaluates_the_saved_model_and_saves_nothing(single_run, 
     assert one["eval_accuracy_mnistm"] == pytest.approx(results["eval_accuracy_mnistm"], abs=1e-9)
     with pytest.raises(ValueError, match="has no head for them"):
         run_digits.main(quick_args(tmp_path / "eval_svhn", *base, "--task_names", "svhn"))
+
+
+def test_model_card_leaves_out_a_numpy_nan_accuracy_like_a_python_one():
+    import numpy as np
+
+    from ni_hf.model_card import TaskCardInfo, _percent, digits_eval_results
+
+    tasks = [
+        TaskCardInfo("mnist", "ylecun/mnist", "MNIST", "hub", accuracy=np.float32("nan")),
+        TaskCardInfo("svhn", "svhn", "SVHN", "hub", accuracy=np.float32(0.5)),
+    ]
+    assert [result.dataset_name for result in digits_eval_results(tasks)] == ["SVHN"]
+    assert _percent(np.float32("nan")) == _percent(float("nan"))

@@ -159,7 +159,9 @@ def resolve_dataset_source(dataset_source: str | None, data_dir: str | Path | No
             f"--data_dir only applies to --dataset_source local (which it selects when --dataset_source is not "
             f"given); got --dataset_source {dataset_source} with --data_dir {data_dir}."
         )
-    source = dataset_source or ("local" if data_dir is not None else "hub")
+    source = "local" if dataset_source is None and data_dir is not None else dataset_source or "hub"
+    if dataset_source == "":
+        raise ValueError(f"--dataset_source must be one of {list(SOURCES)}, got an empty string.")
     if source == "local" and data_dir is None:
         raise ValueError(
             "--dataset_source local needs --data_dir (a folder holding <task>/train.parquet, ...)."
@@ -429,17 +431,18 @@ def load_task_split(
 
 def load_digits_tasks(
     task_names: list[str],
-    source: str = "hub",
+    source: str | None = None,
     data_dir: str | None = None,
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     seed: int = 42,
 ) -> tuple[DatasetDict, list[str]]:
-    """Load several digit tasks into one ``DatasetDict(train, test)`` with ``image``, ``label``, ``task_id``."""
-    _check_source(source)
+    """Load several digit tasks into one ``DatasetDict(train, test)`` with ``image``, ``label``, ``task_id``.
+
+    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub".
+    """
+    source = resolve_dataset_source(source, data_dir)
     names = _resolve_task_names(task_names, source)
-    if source == "local" and data_dir is None:
-        raise ValueError('source="local" needs data_dir (a folder holding <task>/train.parquet, ...)')
     task_feature = ClassLabel(names=names)
     out = {}
     for split, max_samples in (("train", max_train_samples), ("test", max_eval_samples)):

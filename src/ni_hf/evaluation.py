@@ -56,6 +56,12 @@ def compute_multitask_accuracy(
             f"predictions, references and task_ids must have the same length, "
             f"got {len(preds)}, {len(refs)} and {len(tids)}"
         )
+    for name, values in (("predictions", preds), ("references", refs), ("task_ids", tids)):
+        # The shipped `evaluate` module stores int64 and would truncate 1.7 to 1; say so instead of differing.
+        if values.dtype.kind == "f" and len(values) and not np.array_equal(values, np.round(values)):
+            raise ValueError(
+                f"{name} must be integer class or task ids, got non-integer values such as {values[0]}"
+            )
     if len(tids) and tids.min() < 0:
         raise ValueError(f"task_ids must be non-negative, got {int(tids.min())}")
     correct = preds == refs

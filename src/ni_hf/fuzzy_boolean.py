@@ -91,8 +91,14 @@ def fuzzy_not(x: Any) -> Any:
     return 1 - x
 
 
+def _check_count(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
+
+
 def truth_table_inputs(num_variables: int = 5) -> np.ndarray:
     """All ``2**N`` Boolean input rows as a float64 array of shape (2**N, N); row r has x_i = bit i of r."""
+    _check_count("num_variables", num_variables, 1)
     rows = np.arange(2**num_variables)[:, None]
     return ((rows >> np.arange(num_variables)[None, :]) & 1).astype(np.float64)
 
@@ -166,15 +172,22 @@ def evaluate_truth_tables(x: np.ndarray, truth_tables: np.ndarray, form: Form = 
     tables = np.asarray(truth_tables, dtype=bool)
     if tables.ndim == 1:
         tables = tables[None, :]
+    if x.ndim != 2 or tables.ndim != 2:
+        raise ValueError(
+            f"x must have shape (M, N) and truth_tables (F, 2**N) or (2**N,), got {x.shape} and {tables.shape}"
+        )
     if tables.shape[1] != 2 ** x.shape[1]:
-        raise ValueError(f"truth tables have {tables.shape[1]} rows, expected 2**{x.shape[1]}")
+        raise ValueError(
+            f"x has N = {x.shape[1]} variables, so every truth table needs 2**{x.shape[1]} = {2 ** x.shape[1]} "
+            f"entries; got truth tables of shape {tables.shape}"
+        )
     if form == "minimal":
         return _evaluate_minimal(x, tables)
     # f = 1 - prod_{r in S} (1 - m_r) = -expm1(sum_{r in S} log1p(-m_r)), accurate also for f close to 0.
     with np.errstate(divide="ignore"):
         log_one_minus = np.maximum(np.log1p(-minterms(x)), _LOG_FLOOR)
     out = -np.expm1(log_one_minus @ tables.T.astype(np.float64))
-    return np.clip(out, 0.0, 1.0)
+    return np.clip(out, 0.0, 1.0) + 0.0  # + 0.0: -expm1(0) is -0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,6 +236,8 @@ class FuzzyBooleanFunction:
     def __call__(self, x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """Evaluate at points x of shape (M, N): (M,) float64 array, or a tensor of x's dtype/device for tensors."""
         if isinstance(x, torch.Tensor):
+            if x.dim() != 2 or x.shape[1] != self.num_variables:
+                raise ValueError(f"x must have shape (M, {self.num_variables}), got {tuple(x.shape)}")
             values = evaluate_truth_tables(x.detach().cpu().double().numpy(), self.truth_table, self.form)[
                 :, 0
             ]
@@ -261,6 +276,8 @@ def sample_functions(
     The truth tables depend on the seed only, not on ``form`` (the sum-of-products form they are evaluated in).
     """
     _check_form(form)
+    _check_count("num_functions", num_functions, 0)
+    _check_count("num_variables", num_variables, 1)
     rng = np.random.default_rng(seed)
     tables = rng.random((num_functions, 2**num_variables)) < 0.5
     return [FuzzyBooleanFunction(t, form) for t in tables]
@@ -284,6 +301,10 @@ def _generate_arrays(
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    _check_count("num_pretrain_functions", num_pretrain_functions, 0)
+    _check_count("num_adapt_functions", num_adapt_functions, 0)
+    _check_count("points_per_function", points_per_function, 1)
+    _check_count("seed", seed, 0)
     fn_seed, pre_seed, point_seed_adapt = np.random.SeedSequence(seed).spawn(3)
     functions = sample_functions(num_pretrain_functions + num_adapt_functions, num_variables, fn_seed, form)
     groups = {"pretrain": functions[:num_pretrain_functions], "adapt": functions[num_pretrain_functions:]}
@@ -362,6 +383,10 @@ def make_fuzzy_boolean_datasets(
     """
     import datasets
     import pyarrow as pa
+
+    # Arrow's fixed-size lists need a positive size: a dataset with no targets has no use either.
+    _check_count("num_pretrain_functions", num_pretrain_functions, 1)
+    _check_count("num_adapt_functions", num_adapt_functions, 1)
 
     list_feature = getattr(datasets, "List", None) or datasets.Sequence
     arrays = _generate_arrays(

@@ -10,6 +10,7 @@ dataset goes into the card's YAML header as ``model-index`` results (one
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import platform
 from collections.abc import Mapping, Sequence
@@ -87,7 +88,7 @@ def digits_eval_results(tasks: Sequence[TaskCardInfo], split: str = "test") -> l
     """One model-index ``EvalResult`` (image classification, accuracy) per evaluated task."""
     results = []
     for task in tasks:
-        if task.accuracy is None or (isinstance(task.accuracy, float) and math.isnan(task.accuracy)):
+        if task.accuracy is None or (isinstance(task.accuracy, numbers.Real) and math.isnan(task.accuracy)):
             continue
         samples = f" ({task.eval_samples} samples)" if task.eval_samples is not None else ""
         results.append(
@@ -152,7 +153,7 @@ def build_digits_model_card(
 
 def _percent(value: float | None) -> str | None:
     """Format an accuracy in [0, 1] as a percentage with two decimals, or None."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):
         return None
     return f"{100.0 * float(value):.2f}%"
 

@@ -12,6 +12,8 @@ def check_model_path(path: str, option: str = "--model_name_or_path") -> str:
     A path counts as local when it is absolute, starts with ``.`` or ``~``, or has more than one ``/`` (a Hub
     repo id is ``name`` or ``namespace/name``); transformers would take a missing one for a malformed repo id.
     """
+    if not path or not path.strip():
+        raise ValueError(f"{option} is empty; expected a saved model's folder or a Hub repo id.")
     local = Path(path).expanduser()
     if local.is_dir():
         return str(local)
