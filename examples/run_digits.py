@@ -16,7 +16,7 @@ Data (``--dataset_source``):
 
 Every sample carries its task id; the model has one CLS token and one head per dataset. Images go through
 ``NeuralInterpreterImageProcessor`` (resize to 32x32 RGB, normalize) in a dataset transform; RandAugment
-(kornia, batched) is applied to each training batch inside the training step, on the training device, and
+(timm's operations, batched in torch) is applied to each training batch inside the training step, on the training device, and
 the model cuts the images into patches itself. Accuracy per dataset and overall comes from the package's
 ``evaluate`` metric module (loaded by path, offline); the Trainer gathers predictions from all processes
 first, so every evaluation sample is counted once.
@@ -322,7 +322,7 @@ class DataArguments:
     randaugment: bool = field(
         default=True,
         metadata={
-            "help": "Augment training batches with RandAugment (kornia, batched, on the training device). "
+            "help": "Augment training batches with RandAugment (timm's operations, batched, on the training device). "
             "Pass --randaugment false to switch it off."
         },
     )
@@ -332,7 +332,7 @@ class DataArguments:
     randaugment_magnitude: float = field(
         default=9.0,
         metadata={
-            "help": "RandAugment magnitude m on timm's scale (0, 10): each operation at m/10 of its range "
+            "help": "RandAugment magnitude m on timm's scale [0, 10]: each operation at m/10 of its range "
             "(timm's rand-m9)."
         },
     )

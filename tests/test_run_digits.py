@@ -236,7 +236,7 @@ def test_batch_randaugment_keeps_shape_and_scale_and_is_seeded():
     patches = augment(patchify(images, 4))
     torch.testing.assert_close(patches, patchify(out, 4))
     with pytest.raises(ValueError, match="magnitude"):
-        BatchRandAugment(magnitude=10)
+        BatchRandAugment(magnitude=10.5)
 
 
 # --------------------------------------------------------------------------------------- one process
