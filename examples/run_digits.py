@@ -61,7 +61,7 @@ from ni_hf import (
 )
 from ni_hf.augmentation import TIMM_RANDAUGMENT_POLICY, BatchRandAugment
 from ni_hf.configuration_multitask_vit import MULTITASK_VIT_PRESETS
-from ni_hf.configuration_neural_interpreter import PAPER_PRESETS
+from ni_hf.configuration_neural_interpreter import PAPER_PRESETS, config_argument_names
 from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.digits_data import (
@@ -845,13 +845,13 @@ def _recipe_note(
         id2label=config.id2label,
         label2id=config.label2id,
     )
-    # Keys every PretrainedConfig has (saved architectures, dtype, versions, ...) are not model settings.
-    generic = set(transformers.PretrainedConfig().to_dict())
+    # The model's own settings only: not what every config carries (auto_map, use_cache, versions, ...).
+    settings = config_argument_names(type(config)) - {"task_names", "default_task"}
     ours, theirs = config.to_dict(), reference.to_dict()
     changed = [
         f"{key}={ours.get(key)!r} (recipe {theirs.get(key)!r})"
-        for key in sorted(set(ours) | set(theirs))
-        if key not in generic and ours.get(key) != theirs.get(key)
+        for key in sorted(settings)
+        if ours.get(key) != theirs.get(key)
     ]
     if changed:
         deviations.append(f"config (the {preset} preset changed): {', '.join(changed)}")

@@ -569,6 +569,8 @@ def test_model_card_says_how_the_run_deviates_from_the_recipe(single_run):
     assert "This run deviates from that recipe: datasets mnist, mnistm (recipe mnist, mnistm, svhn)" in card
     assert "hidden_size=16 (recipe 192)" in card and "global batch size 8 (recipe 128)" in card
     assert "followed that recipe" not in card
+    # Only the model's own settings count, not what every saved config carries.
+    assert "auto_map" not in card and "use_cache" not in card and "transformers_version" not in card
 
 
 def test_do_train_false_without_a_checkpoint_is_refused_and_keeps_the_trained_model(
