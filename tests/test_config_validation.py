@@ -446,3 +446,29 @@ def test_config_override_item_without_a_value_is_named_not_blamed_on_the_previou
         "num_function_iterations": [2, 1],
         "hidden_size": 64,
     }
+
+
+@BOTH
+@pytest.mark.parametrize("model_name", ["backbone", "classifier"])
+def test_a_config_changed_in_place_is_refused_when_a_model_is_built(config_class, model_name):
+    model_class = {
+        (NeuralInterpreterConfig, "backbone"): ni_hf.NeuralInterpreterModel,
+        (NeuralInterpreterConfig, "classifier"): ni_hf.NeuralInterpreterForImageClassification,
+        (MultiTaskViTConfig, "backbone"): ni_hf.MultiTaskViTModel,
+        (MultiTaskViTConfig, "classifier"): ni_hf.MultiTaskViTForImageClassification,
+    }[config_class, model_name]
+    config = tiny(config_class)
+    config.default_task = 7  # plain attribute assignment runs no validator
+    with pytest.raises(ValueError, match=r"`default_task` must index `task_names` \(0..2\), got 7"):
+        model_class(config)
+
+
+def test_a_neural_interpreter_config_changed_in_place_is_refused_by_validate_and_save(tmp_path):
+    config = tiny(NeuralInterpreterConfig)
+    config.validate()
+    config.update({"num_functions": 0})
+    with pytest.raises(ValueError, match=r"`num_functions` must be a positive integer, got 0"):
+        config.validate()
+    with pytest.raises(ValueError, match=r"`num_functions` must be a positive integer, got 0"):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()

@@ -395,3 +395,15 @@ def test_mixed_sizes_without_resizing_name_the_way_out(processor: NeuralInterpre
         "pixel_values"
     ]
     assert [image.shape for image in as_list] == [(3, 32, 32), (3, 16, 16)]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_pixels_are_refused_naming_the_image(
+    processor: NeuralInterpreterImageProcessor, bad
+) -> None:
+    images = [np.full((32, 32, 3), 128.0, dtype=np.float32) for _ in range(3)]
+    images[2][5, 7, 1] = bad
+    with pytest.raises(ValueError, match="Image 2 contains NaN or infinite values"):
+        processor(images=images, return_tensors="pt")
+    with pytest.raises(ValueError, match="Image 0 contains NaN"):
+        processor(images=torch.from_numpy(images[2]).permute(2, 0, 1), return_tensors="pt")

@@ -1238,3 +1238,48 @@ def test_inputs_embeds_take_the_model_dtype(tester):
     torch.testing.assert_close(
         model(inputs_embeds=x.double()).last_hidden_state, model(inputs_embeds=x).last_hidden_state
     )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_inputs_and_labels_are_refused_by_name(tester, bad):
+    config = tester.get_config()
+    inputs = tester.prepare_inputs(config)
+    poisoned = inputs["pixel_values"].clone()
+    poisoned[1, 2, 3] = bad
+    for model in (NeuralInterpreterModel(config), NeuralInterpreterForImageClassification(config)):
+        with pytest.raises(ValueError, match=r"`pixel_values` contains NaN or infinite values"):
+            model(pixel_values=poisoned)
+    with pytest.raises(ValueError, match=r"`inputs_embeds` contains NaN"):
+        NeuralInterpreterModel(config)(inputs_embeds=torch.full((2, 3, config.hidden_size), bad))
+    regression = NeuralInterpreterForSetRegression(tester.get_config(use_relative_positional_bias=False))
+    x = torch.rand(2, config.num_input_variables)
+    y = torch.rand(2, config.num_tasks)
+    with pytest.raises(ValueError, match=r"`inputs` contains NaN"):
+        regression(inputs=torch.where(x > 0.5, bad, x), labels=y)
+    y[0, 1] = bad
+    with pytest.raises(ValueError, match=r"`labels` contains NaN"):
+        regression(inputs=x, labels=y)
+
+
+def test_an_overflowing_forward_pass_raises_instead_of_returning_nan(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    x = tester.prepare_inputs(config)["pixel_values"]
+    assert torch.isfinite(model(pixel_values=x * 1e15).logits).all()  # large but representable: no error
+    with pytest.raises(
+        FloatingPointError, match=r"NaN or infinite values in `logits`: the inputs .* overflow"
+    ):
+        model(pixel_values=x * 1e25)  # finite, but LayerNorm's variance overflows float32
+    with pytest.raises(FloatingPointError, match=r"in `last_hidden_state`"):
+        model.neural_interpreter.checks_finite = True
+        model.neural_interpreter(pixel_values=x * 1e25)
+
+
+def test_a_forward_pass_with_diverged_weights_names_the_broken_parameters(tester):
+    model = NeuralInterpreterForImageClassification(tester.get_config()).eval()
+    with torch.no_grad():
+        model.neural_interpreter.task_tokens[0, 0] = float("nan")
+    with pytest.raises(
+        FloatingPointError, match=r"parameters \['neural_interpreter.task_tokens'\] are already NaN"
+    ):
+        model(**tester.prepare_inputs(model.config))

@@ -510,3 +510,18 @@ def test_empty_batch_and_float_task_ids_give_clear_errors(tester):
         model(pixel_values=x[:0])
     with pytest.raises(ValueError, match="integer task indices"):
         model(pixel_values=x[:2], task_ids=torch.tensor([0.9, 1.7]))
+
+
+def test_non_finite_inputs_and_overflow_give_clear_errors_not_nan(tester):
+    config = tester.get_config()
+    x = tester.prepare_inputs(config)["pixel_values"]
+    for model in (MultiTaskViTModel(config).eval(), MultiTaskViTForImageClassification(config).eval()):
+        with pytest.raises(ValueError, match=r"`pixel_values` contains NaN or infinite values"):
+            model(pixel_values=torch.where(x > 1, float("nan"), x))
+        with pytest.raises(
+            FloatingPointError, match=r"NaN or infinite values in `(logits|last_hidden_state)`"
+        ):
+            model(pixel_values=x * 1e25)
+    model = MultiTaskViTForImageClassification(tester.get_config(num_labels=1))
+    with pytest.raises(ValueError, match=r"`labels` contains NaN"):
+        model(pixel_values=x, labels=torch.full((x.shape[0],), float("nan")))

@@ -331,6 +331,12 @@ class NeuralInterpreterConfig(PretrainedConfig):
     def patch_dim(self) -> int:
         return self.patch_size * self.patch_size * self.num_channels
 
+    def validate(self) -> None:
+        """transformers' checks, then ours: run by `save_pretrained`, and by the models on a config changed in place."""
+        if hasattr(super(), "validate"):
+            super().validate()
+        self.validate_neural_interpreter()
+
     def validate_neural_interpreter(self) -> None:
         """Raise a ValueError naming what was expected for any inconsistent hyperparameter."""
         positive = [

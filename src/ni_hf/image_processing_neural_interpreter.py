@@ -329,6 +329,12 @@ class NeuralInterpreterImageProcessor(PilBackend):
         **kwargs: Any,
     ) -> BatchFeature:
         """Resize, rescale and normalize each image, then optionally patchify; returns `pixel_values`."""
+        for index, image in enumerate(images):
+            if np.issubdtype(image.dtype, np.floating) and not np.isfinite(image).all():
+                raise ValueError(
+                    f"Image {index} contains NaN or infinite values: expected finite pixel values (0..255 for "
+                    "do_rescale=True, or already rescaled floats with do_rescale=False)."
+                )
         if do_rescale and any(
             np.issubdtype(image.dtype, np.floating)
             and image.size

@@ -10,6 +10,7 @@ before the heads, which normalise themselves (as in the reference).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +86,12 @@ class MultiTaskViTPreTrainedModel(PreTrainedModel):
     # Trainer must not assume the model averages the loss over processes itself (see HF-NOTES.md).
     accepts_loss_kwargs = False
 
+    def __init__(self, config: MultiTaskViTConfig, *inputs: Any, **kwargs: Any) -> None:
+        # A config changed in place after construction (`config.task_names = []`) is checked here, not later.
+        if isinstance(config, MultiTaskViTConfig):
+            config.validate_tasks()
+        super().__init__(config, *inputs, **kwargs)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save as transformers does; a checkpoint with copied code also names the backbone for `AutoModel`."""
         if self._auto_class is not None:
@@ -117,6 +124,8 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         self.config = config
         self.embeddings = MultiTaskViTEmbeddings(config)
         self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
+        # False under a head, which checks its own inputs and outputs (one host sync per forward, not two).
+        self.checks_finite = True
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -185,12 +194,44 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
             hidden = layer(hidden)
             if output_hidden_states:
                 all_hidden += (hidden,)
+        if self.checks_finite:
+            _check_finite(self, {"pixel_values": pixel_values}, {"last_hidden_state": hidden})
         pooled = hidden[:, : c.num_tasks]
         if not return_dict:
             return tuple(v for v in (hidden, pooled, all_hidden) if v is not None)
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden
         )
+
+
+def _check_finite(
+    module: nn.Module, inputs: dict[str, torch.Tensor | None], outputs: dict[str, torch.Tensor]
+) -> None:
+    """Raise, naming the tensor, if an input or an output holds NaN or inf (one host sync; skipped when compiling)."""
+    # The Neural Interpreter's check, repeated so that a checkpoint's code needs no NI module.
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return
+    checked = {
+        n: t
+        for n, t in {**inputs, **outputs}.items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    }
+    device = next(iter(outputs.values())).device
+    if bool(torch.stack([torch.isfinite(t).all().to(device) for t in checked.values()]).all()):
+        return
+    for name in inputs:
+        if name in checked and not bool(torch.isfinite(checked[name]).all()):
+            raise ValueError(f"`{name}` contains NaN or infinite values: expected finite numbers.")
+    name = next(n for n in outputs if not bool(torch.isfinite(checked[n]).all()))
+    broken = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
+    cause = (
+        f"the parameters {broken[:3]}{' ...' if len(broken) > 3 else ''} are already NaN or inf (a diverged "
+        "training run: lower the learning rate, or reload a checkpoint)"
+        if broken
+        else f"the inputs overflow {next(module.parameters()).dtype} inside the network: normalize them "
+        "(NeuralInterpreterImageProcessor does) or use a wider dtype"
+    )
+    raise FloatingPointError(f"The forward pass produced NaN or infinite values in `{name}`: {cause}.")
 
 
 def _resolve_task_ids(
@@ -224,6 +265,7 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.vit = MultiTaskViTModel(config)
+        self.vit.checks_finite = False
         self.classifier = nn.ModuleList(self._new_head() for _ in range(config.num_tasks))
         self.post_init()
 
@@ -288,6 +330,8 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         loss = None
         if labels is not None:
             labels = torch.as_tensor(labels, device=logits.device)
+        _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
+        if labels is not None:
             if labels.shape[0] != logits.shape[0]:
                 raise ValueError(
                     f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."

@@ -17,6 +17,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -1231,6 +1232,12 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
     # Trainer must not assume the model averages the loss over processes itself (see HF-NOTES.md).
     accepts_loss_kwargs = False
 
+    def __init__(self, config: NeuralInterpreterConfig, *inputs: Any, **kwargs: Any) -> None:
+        # A config changed in place after construction (`config.num_functions = 0`) is checked here, not later.
+        if isinstance(config, NeuralInterpreterConfig):
+            config.validate_neural_interpreter()
+        super().__init__(config, *inputs, **kwargs)
+
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """Load as transformers does, then re-freeze what the config freezes (loading makes every tensor trainable)."""
@@ -1296,6 +1303,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         self.scripts = nn.ModuleList(NeuralInterpreterScript(config) for _ in range(config.num_scripts))
         # False under a head that feeds sets (`inputs_embeds`): the patch embedding is then never used.
         self.reads_patches = True
+        # False under a head, which checks its own inputs and outputs (one host sync per forward, not two).
+        self.checks_finite = True
         self.post_init()
         self.apply_freezing()
 
@@ -1485,6 +1494,16 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                     all_compat += (compat.transpose(0, 1),)
                     all_types += (types,)
 
+        if self.checks_finite:
+            _check_finite(
+                self,
+                {
+                    "pixel_values": pixel_values,
+                    "inputs_embeds": inputs_embeds,
+                    "loc_position_embeddings": loc_position_embeddings,
+                },
+                {"last_hidden_state": hidden},
+            )
         pooled = hidden[:, :num_prefix]
         if not return_dict:
             return tuple(v for v in (hidden, pooled, all_hidden, all_compat, all_types) if v is not None)
@@ -1500,6 +1519,40 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
 def _check_not_empty(batch_size: int) -> None:
     if batch_size == 0:
         raise ValueError("Got an empty batch (0 samples); pass at least one image or set.")
+
+
+def _check_finite(
+    module: nn.Module, inputs: dict[str, torch.Tensor | None], outputs: dict[str, torch.Tensor]
+) -> None:
+    """Raise, naming the tensor, if an input or an output holds NaN or inf (one host sync; skipped when compiling)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return
+    checked = {
+        name: t
+        for name, t in {**inputs, **outputs}.items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    }
+    device = next(iter(outputs.values())).device
+    if bool(torch.stack([torch.isfinite(t).all().to(device) for t in checked.values()]).all()):
+        return
+    for name in inputs:
+        if name in checked and not bool(torch.isfinite(checked[name]).all()):
+            raise ValueError(f"`{name}` contains NaN or infinite values: expected finite numbers.")
+    name = next(n for n in outputs if not bool(torch.isfinite(checked[n]).all()))
+    broken = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
+    if broken:
+        cause = (
+            f"the parameters {broken[:3]}{' ...' if len(broken) > 3 else ''} are already NaN or inf (a diverged "
+            "training run: lower the learning rate, or reload a checkpoint)"
+        )
+    else:
+        magnitudes = [float(t.abs().max()) for n, t in checked.items() if n in inputs and t.numel()]
+        largest = f" (largest magnitude {max(magnitudes):.3g})" if magnitudes else ""
+        cause = (
+            f"the inputs{largest} overflow {next(module.parameters()).dtype} inside the network: normalize them "
+            "(NeuralInterpreterImageProcessor does) or use a wider dtype"
+        )
+    raise FloatingPointError(f"The forward pass produced NaN or infinite values in `{name}`: {cause}.")
 
 
 def _index_list(values, name: str) -> list[int]:
@@ -1607,6 +1660,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.neural_interpreter = NeuralInterpreterModel(config)
+        self.neural_interpreter.checks_finite = False
         num_heads = 1 if config.share_task_tokens else config.num_tasks
         self.classifier = nn.ModuleList(
             TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps) for _ in range(num_heads)
@@ -1687,7 +1741,9 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         else:
             all_logits = torch.stack([head(own_token) for head in self.classifier], dim=1)  # (B, T, L)
             logits = all_logits[torch.arange(pooled.shape[0], device=pooled.device), task_ids]
-        loss = None if labels is None else classification_loss(logits, torch.as_tensor(labels), self.config)
+        labels = None if labels is None else torch.as_tensor(labels)
+        _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
+        loss = None if labels is None else classification_loss(logits, labels, self.config)
         if not return_dict:
             extra = (outputs.hidden_states, outputs.compatibilities, outputs.types)
             return tuple(v for v in (loss, logits, *extra) if v is not None)
@@ -1718,6 +1774,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         self.input_projection = nn.Linear(1, d)
         self.input_position_embeddings = nn.Parameter(torch.empty(config.num_input_variables, d))
         self.neural_interpreter = NeuralInterpreterModel(config)
+        self.neural_interpreter.checks_finite = False
         # The backbone's patch embedding is never read by sets; frozen, it stays out of optimizers and DDP.
         self.neural_interpreter.reads_patches = False
         self.neural_interpreter.apply_freezing()
@@ -1765,6 +1822,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
             return_dict=True,
         )
         predictions = self.regressor(outputs.pooler_output).squeeze(-1)  # (B, T)
+        _check_finite(self, {"inputs": inputs, "labels": labels}, {"predictions": predictions})
         loss = None
         if labels is not None:
             if labels.shape != predictions.shape:
