@@ -197,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Before anything runs, tell glibc to keep freed memory for reuse (ni_hf.cpu_allocator), as the example "
         "scripts' --keep_freed_memory does; it applies to every model of the run (and to the memory subprocesses).",
     )
+    p.add_argument(
+        "--no-finite-check",
+        action="store_true",
+        help="Turn off the models' NaN/inf check (`model.checks_finite = False`), to measure what its host sync "
+        "costs; torch.compile skips it anyway.",
+    )
     p.add_argument("--quiet", action="store_true", help="No progress messages on stderr.")
     # Internal: one peak-memory measurement in this (fresh) process; prints one JSON line.
     p.add_argument(
@@ -271,6 +277,8 @@ def build_model(key: str, args: argparse.Namespace, attn_implementation: str | N
         model = ViTForImageClassification(vit_baseline_config())
         impl = attn_implementation or "sdpa"
     model.set_attn_implementation(impl)
+    if args.no_finite_check and is_ni(key):
+        model.checks_finite = False
     return model.to(args.device)
 
 
@@ -638,6 +646,8 @@ def _child_args(args: argparse.Namespace, key: str, mode: str, checkpointing: bo
         argv += ["--compile-mode", args.compile_mode]
     if args.keep_freed_memory:
         argv.append("--keep-freed-memory")
+    if args.no_finite_check:
+        argv.append("--no-finite-check")
     if checkpointing:
         argv.append("--gradient-checkpointing")
     return argv
@@ -841,6 +851,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "training_flops_factor": TRAINING_FLOPS_FACTOR,
         "weights_restored_before_each_repeat": True,
         "keep_freed_memory": getattr(args, "kept_freed_memory", False),
+        "finite_check": not args.no_finite_check,
     }
 
 

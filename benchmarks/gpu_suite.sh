@@ -80,6 +80,8 @@ if want train && [ -d "$data" ]; then
 fi
 want fp32 && step cuda_fp32_eager 150 --dtype float32 --models ni-sdpa ni-eager vit --no-density
 want bf16 && step cuda_bf16_eager 150 --dtype bfloat16 --models ni-sdpa ni-eager vit
+# the host sync of the NaN/inf check: the same eager bf16 steps without it
+want bf16 && step cuda_bf16_eager_nocheck 90 --dtype bfloat16 --models ni-sdpa --no-density --no-finite-check
 if want compile; then
     step cuda_bf16_compile 300 --dtype bfloat16 --compile --models ni-sdpa vit --no-density
 fi

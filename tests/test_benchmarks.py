@@ -249,6 +249,16 @@ def test_keep_freed_memory_reaches_the_memory_subprocess_and_the_report(bench: M
     assert bench.settings(args)["keep_freed_memory"] is True
 
 
+def test_no_finite_check_turns_the_check_off_in_our_models_and_the_memory_subprocess(
+    bench: ModuleType,
+) -> None:
+    args = bench.parse_args(["--no-finite-check"])
+    assert "--no-finite-check" in bench._child_args(args, "ni-sdpa", "training", False)
+    assert bench.settings(args)["finite_check"] is False
+    assert bench.build_model("ni-sdpa", args).checks_finite is False
+    assert bench.build_model("ni-sdpa", bench.parse_args([])).checks_finite is True
+
+
 def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(bench: ModuleType) -> None:
     """Under CUDA graphs the pool is allocated while recording, so one replayed step's growth is not a peak."""
     assert bench.uses_cuda_graphs(bench.parse_args(["--cuda-graphs"]))

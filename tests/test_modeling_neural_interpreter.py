@@ -1283,3 +1283,11 @@ def test_a_forward_pass_with_diverged_weights_names_the_broken_parameters(tester
         FloatingPointError, match=r"parameters \['neural_interpreter.task_tokens'\] are already NaN"
     ):
         model(**tester.prepare_inputs(model.config))
+
+
+def test_checks_finite_false_turns_the_check_off(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    x = tester.prepare_inputs(config)["pixel_values"]
+    model.checks_finite = False
+    assert torch.isnan(model(pixel_values=x * float("nan")).logits).all()

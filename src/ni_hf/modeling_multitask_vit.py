@@ -124,7 +124,7 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         self.config = config
         self.embeddings = MultiTaskViTEmbeddings(config)
         self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
-        # False under a head, which checks its own inputs and outputs (one host sync per forward, not two).
+        # Whether forward checks for NaN and inf (one host sync); False under a head, which checks its own tensors.
         self.checks_finite = True
         self.post_init()
 
@@ -265,7 +265,8 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.vit = MultiTaskViTModel(config)
-        self.vit.checks_finite = False
+        self.vit.checks_finite = False  # the head checks its own inputs and outputs
+        self.checks_finite = True
         self.classifier = nn.ModuleList(self._new_head() for _ in range(config.num_tasks))
         self.post_init()
 
@@ -330,7 +331,8 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         loss = None
         if labels is not None:
             labels = torch.as_tensor(labels, device=logits.device)
-        _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
+        if self.checks_finite:
+            _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
         if labels is not None:
             if labels.shape[0] != logits.shape[0]:
                 raise ValueError(

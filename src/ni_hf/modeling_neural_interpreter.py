@@ -1303,7 +1303,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         self.scripts = nn.ModuleList(NeuralInterpreterScript(config) for _ in range(config.num_scripts))
         # False under a head that feeds sets (`inputs_embeds`): the patch embedding is then never used.
         self.reads_patches = True
-        # False under a head, which checks its own inputs and outputs (one host sync per forward, not two).
+        # Whether forward checks for NaN and inf (one host sync); False under a head, which checks its own tensors.
         self.checks_finite = True
         self.post_init()
         self.apply_freezing()
@@ -1660,7 +1660,8 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.neural_interpreter = NeuralInterpreterModel(config)
-        self.neural_interpreter.checks_finite = False
+        self.neural_interpreter.checks_finite = False  # the head checks its own inputs and outputs
+        self.checks_finite = True
         num_heads = 1 if config.share_task_tokens else config.num_tasks
         self.classifier = nn.ModuleList(
             TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps) for _ in range(num_heads)
@@ -1742,7 +1743,8 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             all_logits = torch.stack([head(own_token) for head in self.classifier], dim=1)  # (B, T, L)
             logits = all_logits[torch.arange(pooled.shape[0], device=pooled.device), task_ids]
         labels = None if labels is None else torch.as_tensor(labels)
-        _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
+        if self.checks_finite:
+            _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
         loss = None if labels is None else classification_loss(logits, labels, self.config)
         if not return_dict:
             extra = (outputs.hidden_states, outputs.compatibilities, outputs.types)
@@ -1774,7 +1776,8 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         self.input_projection = nn.Linear(1, d)
         self.input_position_embeddings = nn.Parameter(torch.empty(config.num_input_variables, d))
         self.neural_interpreter = NeuralInterpreterModel(config)
-        self.neural_interpreter.checks_finite = False
+        self.neural_interpreter.checks_finite = False  # the head checks its own inputs and outputs
+        self.checks_finite = True
         # The backbone's patch embedding is never read by sets; frozen, it stays out of optimizers and DDP.
         self.neural_interpreter.reads_patches = False
         self.neural_interpreter.apply_freezing()
@@ -1822,7 +1825,8 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
             return_dict=True,
         )
         predictions = self.regressor(outputs.pooler_output).squeeze(-1)  # (B, T)
-        _check_finite(self, {"inputs": inputs, "labels": labels}, {"predictions": predictions})
+        if self.checks_finite:
+            _check_finite(self, {"inputs": inputs, "labels": labels}, {"predictions": predictions})
         loss = None
         if labels is not None:
             if labels.shape != predictions.shape:
