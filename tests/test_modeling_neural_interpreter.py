@@ -1291,3 +1291,13 @@ def test_checks_finite_false_turns_the_check_off(tester):
     x = tester.prepare_inputs(config)["pixel_values"]
     model.checks_finite = False
     assert torch.isnan(model(pixel_values=x * float("nan")).logits).all()
+
+
+def test_a_meta_device_model_runs_a_shape_only_forward_and_backward(tester):
+    config = tester.get_config()
+    with torch.device("meta"):
+        model = NeuralInterpreterForImageClassification(config).train()
+        inputs = tester.prepare_inputs(config)
+        out = model(**inputs)
+    assert out.logits.shape == (tester.batch_size, config.num_labels) and out.logits.is_meta
+    out.loss.backward()

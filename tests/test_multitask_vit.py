@@ -525,3 +525,11 @@ def test_non_finite_inputs_and_overflow_give_clear_errors_not_nan(tester):
     model = MultiTaskViTForImageClassification(tester.get_config(num_labels=1))
     with pytest.raises(ValueError, match=r"`labels` contains NaN"):
         model(pixel_values=x, labels=torch.full((x.shape[0],), float("nan")))
+
+
+def test_a_meta_device_model_runs_a_shape_only_forward(tester):
+    config = tester.get_config()
+    with torch.device("meta"):
+        model = MultiTaskViTForImageClassification(config)
+        logits = model(**tester.prepare_inputs(config)).logits
+    assert logits.is_meta and logits.shape[-1] == config.num_labels

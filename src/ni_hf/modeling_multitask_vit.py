@@ -217,6 +217,8 @@ def _check_finite(
         if isinstance(t, torch.Tensor) and t.is_floating_point()
     }
     device = next(iter(outputs.values())).device
+    if device.type == "meta":  # shapes only (e.g. under accelerate's init_empty_weights): no values to check
+        return
     if bool(torch.stack([torch.isfinite(t).all().to(device) for t in checked.values()]).all()):
         return
     for name in inputs:
@@ -251,7 +253,11 @@ def _resolve_task_ids(
         raise ValueError(
             f"`task_ids` must have one entry per sample ({batch_size}), got {task_ids.shape[0]}."
         )
-    if task_ids.numel() and (task_ids.min() < 0 or task_ids.max() >= config.num_tasks):
+    if (
+        task_ids.numel()
+        and not task_ids.is_meta
+        and (task_ids.min() < 0 or task_ids.max() >= config.num_tasks)
+    ):
         raise ValueError(
             f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
         )

@@ -10,6 +10,7 @@ same computation with two batched matmuls) or "eager" (the literal formula of Eq
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -155,10 +156,14 @@ class _AutocastState:
 
     def __init__(self, device_type: str) -> None:
         self.device_type = device_type
-        self.enabled = torch.is_autocast_enabled(device_type)
+        # Autocast knows no "meta" device (shape-only forwards, e.g. under accelerate's init_empty_weights).
+        self.supported = device_type != "meta"
+        self.enabled = self.supported and torch.is_autocast_enabled(device_type)
         self.dtype = torch.get_autocast_dtype(device_type) if self.enabled else None
 
-    def __call__(self) -> torch.autocast:
+    def __call__(self) -> torch.autocast | contextlib.nullcontext:
+        if not self.supported:
+            return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
 
 
@@ -1533,6 +1538,8 @@ def _check_finite(
         if isinstance(t, torch.Tensor) and t.is_floating_point()
     }
     device = next(iter(outputs.values())).device
+    if device.type == "meta":  # shapes only (e.g. under accelerate's init_empty_weights): no values to check
+        return
     if bool(torch.stack([torch.isfinite(t).all().to(device) for t in checked.values()]).all()):
         return
     for name in inputs:
@@ -1638,7 +1645,11 @@ def _resolve_task_ids(
         raise ValueError(
             f"`task_ids` must have one entry per sample ({batch_size}), got {task_ids.shape[0]}."
         )
-    if task_ids.numel() and (task_ids.min() < 0 or task_ids.max() >= config.num_tasks):
+    if (
+        task_ids.numel()
+        and not task_ids.is_meta
+        and (task_ids.min() < 0 or task_ids.max() >= config.num_tasks)
+    ):
         raise ValueError(
             f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
         )
