@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shlex
 import sys
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -78,6 +77,7 @@ from ni_hf.digits_data import (
 from ni_hf.evaluation import load_multitask_accuracy
 from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware
 from ni_hf.paths import check_model_path
+from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
 
 logger = logging.getLogger(__name__)
 
@@ -646,25 +646,6 @@ class DigitsTrainer(Trainer):
 # --------------------------------------------------------------------------------------------------------
 
 
-def reconstruct_command(argv: list[str], world_size: int) -> tuple[str, str]:
-    """The command line of this run (as well as it can be known from inside) and a note on the launcher."""
-    script = Path(__file__).resolve()
-    try:
-        script_text = str(script.relative_to(Path.cwd()))
-    except ValueError:
-        script_text = str(script)
-    if world_size <= 1:
-        launcher, note = "python", "one process"
-    elif any(key.startswith("ACCELERATE_") for key in os.environ):
-        launcher, note = f"accelerate launch --num_processes {world_size}", f"{world_size} processes"
-    else:
-        launcher, note = f"torchrun --nproc_per_node {world_size}", f"{world_size} processes"
-    return (
-        f"{launcher} {script_text} {shlex.join(argv)}".strip(),
-        note + "; launcher reconstructed by the script",
-    )
-
-
 def write_model_card(
     *,
     output_dir: str,
@@ -713,7 +694,7 @@ def write_model_card(
             )
         )
     world_size = training_args.world_size
-    command, launcher_note = reconstruct_command(argv, world_size)
+    command, launcher_note = reconstruct_command(__file__, argv, world_size)
     mixed = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
     hyperparameters = {
         "optimizer": "RAdam (torch.optim.RAdam)"
@@ -908,48 +889,6 @@ def _recipe_note(
     if not deviations:
         return "This run followed that recipe."
     return "This run deviates from that recipe: " + "; ".join(deviations) + "."
-
-
-def push_output_dir(
-    output_dir: str,
-    repo_id: str,
-    token: str | None,
-    private: bool | None,
-    revision: str | None,
-    model_description: str = "Neural Interpreter",
-) -> str:
-    """Upload output_dir (without checkpoints) to the Hub with huggingface_hub; return the commit URL.
-
-    Trainer.push_to_hub would regenerate README.md with its own card, so the folder is uploaded as it is,
-    with the ignore patterns Trainer uses.
-    """
-    from huggingface_hub import HfApi
-
-    api = HfApi(token=token)
-    repo = api.create_repo(repo_id, private=private, exist_ok=True)
-    commit = api.upload_folder(
-        repo_id=repo.repo_id,
-        folder_path=output_dir,
-        commit_message=f"{model_description} trained with examples/run_digits.py",
-        ignore_patterns=["_*", "checkpoint-*", "checkpoint-*/**"],
-        revision=revision,
-    )
-    return str(getattr(commit, "commit_url", commit))
-
-
-def explain_push_failure(error: BaseException, output_dir: str, repo_id: str) -> str:
-    """A message that says why the upload failed and how to upload the saved folder later."""
-    from huggingface_hub.errors import OfflineModeIsEnabled
-
-    if isinstance(error, OfflineModeIsEnabled):
-        reason = "HF_HUB_OFFLINE is set, so huggingface_hub refuses to contact the Hub"
-    else:
-        reason = f"the Hub could not be reached or refused the upload ({type(error).__name__}: {error})"
-    return (
-        f"--push_to_hub failed: {reason}. Everything was saved locally in {output_dir}. Upload it later from "
-        f"a machine with network access and a write token (`hf auth login`) with:\n"
-        f"    hf upload {repo_id} {output_dir} . --exclude 'checkpoint-*' --exclude '_*'"
-    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1227,15 +1166,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if push_to_hub and trainer.is_world_process_zero():
         logger.info(f"Uploading {training_args.output_dir} to the Hub repo {repo_id}")
         try:
-            url = push_output_dir(
+            description = "Multi-task ViT" if model_args.architecture == "vit" else "Neural Interpreter"
+            url = push_folder(
                 training_args.output_dir,
                 repo_id,
+                commit_message=f"{description} trained with examples/run_digits.py",
                 token=training_args.hub_token,
                 private=training_args.hub_private_repo,
                 revision=training_args.hub_revision,
-                model_description="Multi-task ViT"
-                if model_args.architecture == "vit"
-                else "Neural Interpreter",
             )
         except Exception as error:  # noqa: BLE001 - any failure gets the same explanation
             logger.error(explain_push_failure(error, training_args.output_dir, repo_id))

@@ -24,7 +24,10 @@ no per-sample indexing or collation), so the Trainer loop costs little beyond th
 measures that overhead (Trainer step vs a bare forward + backward + optimizer step) and records it in the results.
 
 Outputs in ``--output_dir``: ``pretrain/`` (the pre-trained checkpoint), ``adapt-<setting>/`` (adapted models),
-``fuzzy_boolean_results.json`` and ``fuzzy_boolean_results.md``.
+``fuzzy_boolean_results.json`` and ``fuzzy_boolean_results.md``, the model code, and ``README.md``: a model card
+(``model_cards/fuzzy_boolean_template.md``) with the measured R^2 as Hub ``model-index`` results. With
+``--push_to_hub [--hub_model_id me/ni-fuzzy-boolean]`` the folder (without checkpoints) is uploaded at the very
+end, once everything is saved; offline, the script says how to upload it later and exits with status 1.
 
 Examples::
 
@@ -48,6 +51,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -79,7 +83,9 @@ from ni_hf.configuration_neural_interpreter import config_argument_names, parse_
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
+from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware
 from ni_hf.paths import check_model_path
+from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
 
 logger = logging.getLogger("run_fuzzy_boolean")
 
@@ -857,6 +863,114 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROTOCOL_NOTES = {
+    "reduced": "a tenth of the points per function, for a check on 2 CPU cores within an hour",
+    "quick": "a few steps on a few hundred points, a smoke test",
+}
+CODE_FILES = ("configuration_neural_interpreter.py", "modeling_neural_interpreter.py")
+
+
+def _format_r2(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.4f}" for v in values)
+
+
+def write_model_card(
+    output_dir: Path,
+    results: dict[str, Any],
+    markdown: str,
+    repo_id: str,
+    argv: Sequence[str],
+    device: str,
+    seed: int,
+) -> Path:
+    """README.md: the run's model card (huggingface_hub, model_cards/fuzzy_boolean_template.md), with the model
+    code copied to the top of ``output_dir`` so that the card's snippet loads the models of every folder."""
+    sizes, arguments, pre = results["protocol"], results["arguments"], results["pretraining"]
+    folders = [
+        name
+        for name in ("pretrain", *(f"adapt-{setting}" for setting in results["adaptation"]))
+        if (output_dir / name / "config.json").is_file()
+    ]
+    for name in CODE_FILES:
+        source = next((output_dir / f / name for f in folders if (output_dir / f / name).is_file()), None)
+        if source is not None:
+            shutil.copyfile(source, output_dir / name)
+    example = folders[0] if folders else "pretrain"
+    settings = [
+        {
+            "name": name,
+            "label": info["label"],
+            "trainable": f"{sum(info['trainable_parameters'].values()):,}",
+        }
+        for name, info in results["adaptation"].items()
+    ]
+    per_function = [{"name": "pretrain", "r2": _format_r2(pre.get("r2_per_function", []))}] + [
+        {"name": f"adapt-{name}", "r2": _format_r2(info["r2_per_function"])}
+        for name, info in results["adaptation"].items()
+    ]
+    pre_length = (
+        f"{pre['train_steps']} steps"
+        if "train_steps" in pre
+        else f"loaded from {pre['checkpoint']} (not trained here)"
+    )
+    hyperparameters = {
+        "protocol": sizes["protocol"],
+        "batch (global)": sizes["batch_size"],
+        "processes x batch per process": f"{sizes['world_size']} x {sizes['per_device_batch_size']}",
+        "pre-training": f"{pre_length}, RAdam lr {sizes['pretrain_learning_rate']}, constant",
+        "adaptation": f"{sizes['adapt_steps_desc']}, RAdam lr {sizes['adapt_learning_rate']}"
+        + (
+            f" (pre-trained parameters {sizes['adapt_pretrained_learning_rate']})"
+            if sizes.get("adapt_pretrained_learning_rate") is not None
+            else ""
+        )
+        + f", {sizes['adapt_schedule']}",
+        "pre-training CLS tokens kept in adaptation": arguments.get("adapt_keep_pretrain_tokens", False),
+        "one function per sample": arguments.get("one_task_per_sample", False),
+        "seed (model, CLS tokens, data order)": seed,
+    }
+    hyperparameters = {key: value for key, value in hyperparameters.items() if value is not None}
+    extra = []
+    if pre.get("checkpoint") and "train_steps" not in pre:
+        extra.append(
+            f"The pre-trained model was loaded from `{pre['checkpoint']}`; it is not part of this folder unless "
+            "listed above."
+        )
+    changes = results.get("model_changes")
+    command, launcher_note = reconstruct_command(__file__, list(argv), sizes["world_size"])
+    card = build_fuzzy_boolean_model_card(
+        model_name=f"Neural Interpreter, fuzzy-Boolean experiment ({sizes['protocol']} protocol)",
+        results=results,
+        repo_id=repo_id,
+        example_folder=example,
+        protocol=sizes["protocol"],
+        protocol_note=PROTOCOL_NOTES.get(sizes["protocol"], ""),
+        num_pretrain_functions=arguments["num_pretrain_functions"],
+        num_adapt_functions=arguments["num_adapt_functions"],
+        settings=settings,
+        has_pretrain="pretrain" in folders,
+        results_markdown=markdown.strip(),
+        per_function=per_function,
+        dataset_seed=arguments["dataset_seed"],
+        adapt_dataset_seed=arguments.get("adapt_dataset_seed"),
+        function_form=arguments.get("function_form", "canonical"),
+        points_per_function=sizes["points_per_function"],
+        test_percent=f"{100 * sizes['test_fraction']:g}",
+        training_command=command,
+        launcher_note=launcher_note,
+        hyperparameters=hyperparameters,
+        model_changes=", ".join(f"`{k}={json.dumps(v)}`" for k, v in changes.items()) if changes else "",
+        hardware=describe_hardware(device, sizes["world_size"]),
+        wall_time=f"{results['wall_time_s']:.0f} s",
+        transformers_version=results["environment"]["transformers"],
+        ni_hf_version=ni_hf.__version__,
+        extra_limitations=extra,
+    )
+    path = output_dir / "README.md"
+    card.save(str(path))
+    return path
+
+
 PHASE_FIELDS = {
     "learning_rate": "--pretrain_learning_rate / --adapt_learning_rate",
     "num_train_epochs": "--pretrain_epochs / --adapt_epochs",
@@ -918,7 +1032,13 @@ def parse_args(
 
 def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     """Run pre-training and the adaptation settings; write and return the results dict."""
-    exp, base_args = parse_args(args)
+    argv = list(sys.argv[1:] if args is None else args)
+    exp, base_args = parse_args(argv)
+    push_to_hub = base_args.push_to_hub
+    # The upload happens at the very end, after everything was saved: no phase's Trainer may create the repo or
+    # push its own folder with a generic model card.
+    base_args.push_to_hub = False
+    repo_id = base_args.hub_model_id or Path(base_args.output_dir).absolute().name
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
     )
@@ -1260,6 +1380,25 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     (output_dir / RESULTS_MD).write_text(markdown)
     print(markdown)
     logger.info("Results written to %s and %s", output_dir / RESULTS_JSON, output_dir / RESULTS_MD)
+    card_path = write_model_card(
+        output_dir, results, markdown, repo_id, argv, str(base_args.device), base_args.seed
+    )
+    logger.info("Model card written to %s", card_path)
+    if push_to_hub:
+        logger.info("Uploading %s to the Hub repo %s", output_dir, repo_id)
+        try:
+            url = push_folder(
+                output_dir,
+                repo_id,
+                commit_message="Neural Interpreter fuzzy-Boolean experiment (examples/run_fuzzy_boolean.py)",
+                token=base_args.hub_token,
+                private=base_args.hub_private_repo,
+                revision=base_args.hub_revision,
+            )
+        except Exception as error:  # noqa: BLE001 - any failure gets the same explanation
+            logger.error(explain_push_failure(error, output_dir, repo_id))
+            raise SystemExit(1) from error
+        logger.info("Pushed to %s", url)
     return results
 
 

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -161,6 +162,87 @@ def test_quick_protocol_writes_results(quick_run: tuple[dict[str, Any], Path]) -
     markdown = (output_dir / "fuzzy_boolean_results.md").read_text()
     assert "0.9983" in markdown and "0.9953" in markdown and "Finetuning CLS tokens" in markdown
     assert f"pre-trained {pre['routing_density']['mean']:.3f}, cls_tokens" in markdown
+
+
+CARD_SNIPPET_CHECK = """
+import sys
+sys.modules["ni_hf"] = None  # the card promises that nothing needs the package
+import numpy as np, torch
+repo, folder = sys.argv[1], sys.argv[2]
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
+cls = get_class_from_dynamic_module("modeling_neural_interpreter.NeuralInterpreterForSetRegression", repo)
+model = cls.from_pretrained(repo, subfolder=folder).eval()
+with torch.no_grad():
+    predictions = model(inputs=torch.from_numpy(np.load(f"{repo}/_inputs.npy"))).predictions
+np.save(f"{repo}/_{folder}.npy", predictions.numpy())
+"""
+
+
+def test_model_card_carries_the_measured_r2_and_its_snippet_loads_every_model_without_ni_hf(
+    quick_run: tuple[dict[str, Any], Path],
+) -> None:
+    from huggingface_hub import ModelCard
+
+    _, output_dir = quick_run
+    results = json.loads((output_dir / "fuzzy_boolean_results.json").read_text())
+    card = ModelCard.load(output_dir / "README.md")
+    measured = [results["pretraining"]["r2_mean"]] + [results["adaptation"][s]["r2_mean"] for s in SETTINGS]
+    assert [r.metric_value for r in card.data.eval_results] == [round(v, 6) for v in measured]
+    assert [r.dataset_type for r in card.data.eval_results] == ["fuzzy-boolean-functions-pretraining"] + [
+        "fuzzy-boolean-functions-new"
+    ] * 3
+    assert "This run used the `quick` protocol, not the paper's" in card.text
+    assert "| `adapt-all/` |" in card.text and "--protocol quick" in card.text
+    assert "{{" not in card.text and "<built-in" not in card.text
+    snippet = card.text.split("```python")[1].split("```")[0]
+    assert 'subfolder="pretrain"' in snippet and "get_class_from_dynamic_module" in snippet
+    x = torch.rand(6, 5)
+    np.save(output_dir / "_inputs.npy", x.numpy())
+    env = {
+        **os.environ,
+        "PYTHONPATH": "",
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(output_dir / "_modules"),
+    }
+    for folder in ["pretrain"] + [f"adapt-{s}" for s in SETTINGS]:
+        proc = subprocess.run(
+            [sys.executable, "-c", CARD_SNIPPET_CHECK, str(output_dir), folder],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with torch.no_grad():
+            expected = NeuralInterpreterForSetRegression.from_pretrained(str(output_dir / folder))(inputs=x)
+        np.testing.assert_allclose(
+            np.load(output_dir / f"_{folder}.npy"), expected.predictions.numpy(), atol=1e-6
+        )
+
+
+def test_offline_push_fails_clearly_after_saving_everything(
+    script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    output_dir = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exit_info:
+            script.main(
+                ["--protocol", "quick", "--settings", "cls_tokens", "--output_dir", str(output_dir)]
+                + ["--disable_tqdm", "true", "--push_to_hub", "--hub_model_id", "me/fuzzy-boolean"]
+            )
+    finally:
+        torch.set_num_threads(threads)
+    assert exit_info.value.code == 1
+    failure = [r.getMessage() for r in caplog.records if "--push_to_hub failed" in r.getMessage()]
+    assert failure and "HF_HUB_OFFLINE" in failure[0] and "hf upload me/fuzzy-boolean" in failure[0]
+    for name in ("README.md", "fuzzy_boolean_results.json", "modeling_neural_interpreter.py"):
+        assert (output_dir / name).is_file(), name
+    assert (output_dir / "adapt-cls_tokens" / "model.safetensors").is_file()
+    assert not (output_dir / "adapt-all").exists()
 
 
 def test_pretrained_checkpoint_reloads(quick_run: tuple[dict[str, Any], Path]) -> None:

@@ -1,10 +1,10 @@
 """Model cards for trained Neural Interpreters: Hub metadata (model-index) plus a Jinja template.
 
-:func:`build_digits_model_card` renders a template (``model_cards/digits_template.md`` in the
-repository) with :meth:`huggingface_hub.ModelCard.from_template`. The measured accuracy of every
-dataset goes into the card's YAML header as ``model-index`` results (one
-:class:`huggingface_hub.EvalResult` per dataset), so the Hub shows them and
-``huggingface_hub.ModelCard.load(path).data.eval_results`` reads them back.
+:func:`build_digits_model_card` and :func:`build_fuzzy_boolean_model_card` render templates
+(``model_cards/*_template.md`` in the repository) with :meth:`huggingface_hub.ModelCard.from_template`. The
+measured numbers go into the card's YAML header as ``model-index`` results (one
+:class:`huggingface_hub.EvalResult` per dataset, or per phase of the fuzzy-Boolean experiment), so the Hub shows
+them and ``huggingface_hub.ModelCard.load(path).data.eval_results`` reads them back.
 """
 
 from __future__ import annotations
@@ -23,14 +23,20 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 __all__ = [
     "DEFAULT_DIGITS_TEMPLATE",
+    "DEFAULT_FUZZY_BOOLEAN_TEMPLATE",
     "TaskCardInfo",
     "build_digits_model_card",
-    "digits_eval_results",
+    "build_fuzzy_boolean_model_card",
     "describe_hardware",
+    "digits_eval_results",
+    "fuzzy_boolean_eval_results",
 ]
 
 # The template ships with the repository (not with the installed package): ``<repo>/model_cards/``.
 DEFAULT_DIGITS_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "digits_template.md"
+DEFAULT_FUZZY_BOOLEAN_TEMPLATE = (
+    Path(__file__).resolve().parents[2] / "model_cards" / "fuzzy_boolean_template.md"
+)
 
 
 @dataclass
@@ -123,12 +129,7 @@ def build_digits_model_card(
     ``template_kwargs`` are passed to the template as they are (see ``model_cards/digits_template.md`` for
     the variables it reads: ``training_command``, ``hardware``, ``config``, ``hyperparameters``, ...).
     """
-    path = Path(template_path) if template_path is not None else DEFAULT_DIGITS_TEMPLATE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"Model card template {path} not found; pass the path of model_cards/digits_template.md "
-            "from the ni_hf repository."
-        )
+    path = _template(template_path, DEFAULT_DIGITS_TEMPLATE)
     eval_results = digits_eval_results(tasks)
     card_data = ModelCardData(
         model_name=model_name,
@@ -170,3 +171,76 @@ def _task_row(task: TaskCardInfo) -> Mapping[str, Any]:
         "accuracy": _percent(task.accuracy) or "not evaluated",
         **task.extra,
     }
+
+
+def _template(template_path: str | os.PathLike | None, default: Path) -> Path:
+    path = Path(template_path) if template_path is not None else default
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Model card template {path} not found; pass the path of model_cards/{default.name} from the ni_hf "
+            "repository."
+        )
+    return path
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not math.isnan(value)
+
+
+def fuzzy_boolean_eval_results(results: Mapping[str, Any]) -> list[EvalResult]:
+    """One model-index ``EvalResult`` (mean R^2 over its functions) per phase of a run_fuzzy_boolean.py run."""
+    arguments = results.get("arguments", {})
+    form = arguments.get("function_form", "canonical")
+    seed = arguments.get("dataset_seed", 0)
+    adapt_seed = arguments.get("adapt_dataset_seed")
+    # The Hub groups model-index results by task and dataset (type, config, split): one group for the
+    # pre-training functions, one for the new functions, whose metrics name the adaptation setting.
+    phases = [("pretraining", "pre-training functions", seed, "", results.get("pretraining", {}))]
+    for info in results.get("adaptation", {}).values():
+        group_seed = seed if adapt_seed is None else adapt_seed
+        phases.append(("new", "new functions", group_seed, f"; adapted: {info['label']}", info))
+    evaluated = []
+    for kind, group, group_seed, setting, info in phases:
+        if not _is_number(info.get("r2_mean")):
+            continue
+        evaluated.append(
+            EvalResult(
+                task_type="tabular-regression",
+                task_name="Set regression of fuzzy Boolean functions",
+                dataset_type=f"fuzzy-boolean-functions-{kind}",
+                dataset_name=f"Fuzzy Boolean functions of 5 variables ({group})",
+                dataset_config=f"seed {group_seed}, {form} sums of products",
+                dataset_split="test",
+                metric_type="r_squared",
+                metric_name=f"R^2, mean over {info.get('num_functions', '?')} functions{setting}",
+                metric_value=round(float(info["r2_mean"]), 6),
+            )
+        )
+    return evaluated
+
+
+def build_fuzzy_boolean_model_card(
+    *,
+    model_name: str,
+    results: Mapping[str, Any],
+    template_path: str | os.PathLike | None = None,
+    license: str | None = "mit",
+    tags: Sequence[str] = ("neural-interpreters", "fuzzy-boolean", "set-regression", "multi-task", "ni_hf"),
+    **template_kwargs: Any,
+) -> ModelCard:
+    """Render the fuzzy-Boolean card: model-index metadata from ``results`` (run_fuzzy_boolean.py's results
+    dict), text from the Jinja template (``model_cards/fuzzy_boolean_template.md`` lists what it reads)."""
+    path = _template(template_path, DEFAULT_FUZZY_BOOLEAN_TEMPLATE)
+    eval_results = fuzzy_boolean_eval_results(results)
+    card_data = ModelCardData(
+        model_name=model_name,
+        library_name="transformers",
+        license=license,
+        tags=list(tags),
+        metrics=["r_squared"],
+        eval_results=eval_results or None,
+    )
+    template_kwargs.setdefault("date", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    return ModelCard.from_template(
+        card_data, template_path=str(path), model_name=model_name, **template_kwargs
+    )
