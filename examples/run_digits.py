@@ -908,6 +908,11 @@ def check_arguments(
     model_args: ModelArguments, data_args: DataArguments, training_args: DigitsTrainingArguments
 ) -> None:
     """Refuse contradictory or ineffective options before anything is loaded."""
+    if training_args.do_train and not Path(model_args.model_card_template).is_file():
+        raise ValueError(
+            f"--model_card_template {model_args.model_card_template} does not exist: pass the path of "
+            "model_cards/digits_template.md from the ni_hf repository."
+        )
     optim = str(getattr(training_args.optim, "value", training_args.optim))
     default_optim = argument_default(TrainingArguments, "optim")
     default_optim = str(getattr(default_optim, "value", default_optim))

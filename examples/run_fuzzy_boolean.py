@@ -303,6 +303,10 @@ class FuzzyBooleanArguments:
         },
     )
     keep_freed_memory: bool = field(default=False, metadata={"help": KEEP_FREED_MEMORY_HELP})
+    model_card_template: str = field(
+        default=str(Path(__file__).resolve().parents[1] / "model_cards" / "fuzzy_boolean_template.md"),
+        metadata={"help": "Jinja template of the model card written to <output_dir>/README.md."},
+    )
     num_threads: int = field(
         default=0,
         metadata={
@@ -882,6 +886,7 @@ def write_model_card(
     argv: Sequence[str],
     device: str,
     seed: int,
+    template: str,
 ) -> Path:
     """README.md: the run's model card (huggingface_hub, model_cards/fuzzy_boolean_template.md), with the model
     code copied to the top of ``output_dir`` so that the card's snippet loads the models of every folder."""
@@ -939,6 +944,7 @@ def write_model_card(
     changes = results.get("model_changes")
     command, launcher_note = reconstruct_command(__file__, list(argv), sizes["world_size"])
     card = build_fuzzy_boolean_model_card(
+        template_path=template,
         model_name=f"Neural Interpreter, fuzzy-Boolean experiment ({sizes['protocol']} protocol)",
         results=results,
         repo_id=repo_id,
@@ -995,6 +1001,11 @@ def ignored_training_arguments(args: TrainingArguments) -> list[str]:
 
 def check_options_early(exp: FuzzyBooleanArguments, args: TrainingArguments) -> None:
     """Refuse option values that would otherwise fail or be ignored only after hours of pre-training."""
+    if not Path(exp.model_card_template).is_file():
+        raise ValueError(
+            f"--model_card_template {exp.model_card_template} does not exist: pass the path of "
+            "model_cards/fuzzy_boolean_template.md from the ni_hf repository."
+        )
     if exp.pretrained_model:
         exp.pretrained_model = check_model_path(exp.pretrained_model, "--pretrained_model")
     try:
@@ -1381,7 +1392,14 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     print(markdown)
     logger.info("Results written to %s and %s", output_dir / RESULTS_JSON, output_dir / RESULTS_MD)
     card_path = write_model_card(
-        output_dir, results, markdown, repo_id, argv, str(base_args.device), base_args.seed
+        output_dir,
+        results,
+        markdown,
+        repo_id,
+        argv,
+        str(base_args.device),
+        base_args.seed,
+        exp.model_card_template,
     )
     logger.info("Model card written to %s", card_path)
     if push_to_hub:

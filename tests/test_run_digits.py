@@ -504,6 +504,13 @@ def test_optim_with_radam_is_refused(no_data_loading, tmp_path):
     run_digits.check_arguments(model_args, data_args, args)  # --radam false: --optim is what trains
 
 
+def test_a_missing_model_card_template_is_refused_before_training(no_data_loading, tmp_path):
+    with pytest.raises(ValueError, match=r"--model_card_template /no/such/card.md does not exist"):
+        run_digits.main(
+            quick_args(tmp_path, "--dataset_source", "sklearn", "--model_card_template", "/no/such/card.md")
+        )
+
+
 @pytest.mark.parametrize("source", ["sklearn", "hub"])
 def test_data_dir_with_another_source_is_refused(no_data_loading, tmp_path, source):
     with pytest.raises(

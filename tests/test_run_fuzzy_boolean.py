@@ -660,6 +660,7 @@ def test_a_global_batch_that_the_processes_cannot_share_is_refused(tmp_path: Pat
         (["--optim", "sgd"], "both phases use RAdam"),
         (["--quick", "--protocol", "full"], "conflicts with --protocol full"),
         (["--pretrained_model", "/tmp/no/such/checkpoint"], "no such directory"),
+        (["--model_card_template", "/tmp/no/such/template.md"], "template.md does not exist"),
     ],
 )
 def test_bad_options_fail_before_pretraining(
