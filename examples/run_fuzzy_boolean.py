@@ -914,7 +914,7 @@ def write_model_card(
         for name, info in results["adaptation"].items()
     ]
     pre_length = (
-        f"{pre['train_steps']} steps"
+        f"{pre['train_steps']} steps, RAdam lr {sizes['pretrain_learning_rate']}, constant"
         if "train_steps" in pre
         else f"loaded from {pre['checkpoint']} (not trained here)"
     )
@@ -922,7 +922,7 @@ def write_model_card(
         "protocol": sizes["protocol"],
         "batch (global)": sizes["batch_size"],
         "processes x batch per process": f"{sizes['world_size']} x {sizes['per_device_batch_size']}",
-        "pre-training": f"{pre_length}, RAdam lr {sizes['pretrain_learning_rate']}, constant",
+        "pre-training": pre_length,
         "adaptation": f"{sizes['adapt_steps_desc']}, RAdam lr {sizes['adapt_learning_rate']}"
         + (
             f" (pre-trained parameters {sizes['adapt_pretrained_learning_rate']})"
