@@ -874,6 +874,48 @@ PROTOCOL_NOTES = {
 CODE_FILES = ("configuration_neural_interpreter.py", "modeling_neural_interpreter.py")
 
 
+# The paper's settings (section 4.1 and its appendix table) that options of this script can change.
+PAPER_SETTINGS = {
+    "test_fraction": 0.2,
+    "num_pretrain_functions": 20,
+    "num_adapt_functions": 10,
+    "function_form": "canonical",
+    "pretrain_learning_rate": 0.006,
+    "adapt_learning_rate": 0.05,
+    "adapt_pretrained_learning_rate": None,
+    "adapt_lr_scheduler_type": "constant",
+    "adapt_warmup": 0.0,
+    "adapt_straight_through": False,
+    "adapt_frozen": None,
+    "adapt_keep_pretrain_tokens": False,
+    "one_task_per_sample": False,
+}
+
+
+def protocol_deviations(results: dict[str, Any]) -> list[str]:
+    """How a run's protocol differs from the paper's (`full`, the paper's settings and preset), one item each."""
+    sizes, arguments = results["protocol"], results["arguments"]
+    full = PROTOCOLS["full"]
+    deviations = [
+        f"{key} {sizes[key]} (paper: {full[key]})"
+        for key in ("points_per_function", "batch_size", "pretrain_epochs", "adapt_epochs")
+        if sizes[key] != full[key]
+    ]
+    deviations += [
+        f"{key} {sizes[key]} (paper: the epochs)"
+        for key in ("pretrain_max_steps", "adapt_max_steps")
+        if sizes[key] > 0
+    ]
+    deviations += [
+        f"{key} {arguments[key]} (paper: {'not set' if paper is None else paper})"
+        for key, paper in PAPER_SETTINGS.items()
+        if key in arguments and arguments[key] != paper
+    ]
+    if results.get("model_changes"):
+        deviations.append(f"model {results['model_changes']} (paper: the fuzzy_boolean preset)")
+    return deviations
+
+
 def _format_r2(values: Sequence[float]) -> str:
     return ", ".join(f"{v:.4f}" for v in values)
 
@@ -941,6 +983,15 @@ def write_model_card(
             f"The pre-trained model was loaded from `{pre['checkpoint']}`; it is not part of this folder unless "
             "listed above."
         )
+    deviations = protocol_deviations(results)
+    if sizes["protocol"] != "full":
+        recipe_note = ""  # the template says so in bold
+    elif deviations:
+        recipe_note = "This run deviates from the paper's protocol: " + "; ".join(deviations) + "."
+    else:
+        recipe_note = (
+            "This run followed the paper's protocol (section 4.1 and its appendix's hyperparameter table)."
+        )
     changes = results.get("model_changes")
     command, launcher_note = reconstruct_command(__file__, list(argv), sizes["world_size"])
     card = build_fuzzy_boolean_model_card(
@@ -951,6 +1002,7 @@ def write_model_card(
         example_folder=example,
         protocol=sizes["protocol"],
         protocol_note=PROTOCOL_NOTES.get(sizes["protocol"], ""),
+        recipe_note=recipe_note,
         num_pretrain_functions=arguments["num_pretrain_functions"],
         num_adapt_functions=arguments["num_adapt_functions"],
         settings=settings,

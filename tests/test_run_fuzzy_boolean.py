@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -218,6 +219,25 @@ def test_model_card_carries_the_measured_r2_and_its_snippet_loads_every_model_wi
         np.testing.assert_allclose(
             np.load(output_dir / f"_{folder}.npy"), expected.predictions.numpy(), atol=1e-6
         )
+
+
+def test_protocol_deviations_name_every_change_to_the_papers_protocol(script: ModuleType) -> None:
+    exp, _ = script.parse_args(["--output_dir", "unused"])
+    results = {"protocol": {**exp.resolved()}, "arguments": dataclasses.asdict(exp), "model_changes": {}}
+    assert script.protocol_deviations(results) == []
+    exp, _ = script.parse_args(
+        ["--output_dir", "unused", "--batch_size", "256", "--adapt_pretrained_learning_rate", "0.006"]
+    )
+    results = {
+        "protocol": exp.resolved(),
+        "arguments": dataclasses.asdict(exp),
+        "model_changes": {"outer_residual": True},
+    }
+    assert script.protocol_deviations(results) == [
+        "batch_size 256 (paper: 128)",
+        "adapt_pretrained_learning_rate 0.006 (paper: not set)",
+        "model {'outer_residual': True} (paper: the fuzzy_boolean preset)",
+    ]
 
 
 def test_offline_push_fails_clearly_after_saving_everything(
