@@ -94,7 +94,7 @@ def digits_eval_results(tasks: Sequence[TaskCardInfo], split: str = "test") -> l
     """One model-index ``EvalResult`` (image classification, accuracy) per evaluated task."""
     results = []
     for task in tasks:
-        if task.accuracy is None or (isinstance(task.accuracy, numbers.Real) and math.isnan(task.accuracy)):
+        if not _is_number(task.accuracy):
             continue
         samples = f" ({task.eval_samples} samples)" if task.eval_samples is not None else ""
         results.append(
@@ -154,7 +154,7 @@ def build_digits_model_card(
 
 def _percent(value: float | None) -> str | None:
     """Format an accuracy in [0, 1] as a percentage with two decimals, or None."""
-    if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):
+    if not _is_number(value):
         return None
     return f"{100.0 * float(value):.2f}%"
 
@@ -184,6 +184,7 @@ def _template(template_path: str | os.PathLike | None, default: Path) -> Path:
 
 
 def _is_number(value: Any) -> bool:
+    """A measured value: a real number, not None and not NaN (what a metric left unevaluated reads as)."""
     return isinstance(value, numbers.Real) and not math.isnan(value)
 
 
