@@ -5,7 +5,8 @@
 #
 # Writes OUT_DIR/<step>.json per step, appends the Markdown reports to OUT_DIR/reports.md and the progress logs to
 # OUT_DIR/suite.log, and prints each report. Parts run in the order above, whatever the order asked.
-# "diagnose": benchmarks/diagnose_compile.py (which execution departs from the CPU float32 logits), to suite.log;
+# "diagnose": benchmarks/diagnose_compile.py (which execution departs from the CPU float32 logits), then
+#   benchmarks/diagnose_sdpa.py --bisect (which piece, and which GPU-only inductor feature), to suite.log;
 # "tests": $TESTS (default: tests/test_compile.py and the model tests);
 # "train": examples/run_digits.py end to end (Trainer, data loading, RandAugment on the GPU, bf16, torch.compile)
 #   for $TRAIN_STEPS steps (default 2000) on the Parquet data under $GPU_DATA (default .gpu/data; skipped when
@@ -49,6 +50,9 @@ want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 if want diagnose; then
     echo "== diagnose ($(date -u +%H:%M:%S), limit ${DIAGNOSE_LIMIT:-420}s)"
     timeout "${DIAGNOSE_LIMIT:-420}" "$python" benchmarks/diagnose_compile.py 2>>"$out/suite.log" | tee -a "$out/suite.log"
+    echo "== diagnose_sdpa ($(date -u +%H:%M:%S), limit ${DIAGNOSE_SDPA_LIMIT:-300}s)"
+    timeout "${DIAGNOSE_SDPA_LIMIT:-300}" "$python" benchmarks/diagnose_sdpa.py --bisect 2>>"$out/suite.log" |
+        tee -a "$out/suite.log"
 fi
 if want tests; then
     echo "== tests ($(date -u +%H:%M:%S))"

@@ -520,6 +520,50 @@ def test_switching_off_the_lean_functions_gives_the_same_outputs_and_gradients(t
     _assert_lean_equals_plain(*results)
 
 
+def test_sdpa_compiled_on_an_accelerator_runs_the_eager_formulation(monkeypatch):
+    """The workaround for inductor's CUDA miscompile of the "sdpa" LOCs (benchmarks/RESULTS.md, 2026-11-27)."""
+    import ni_hf.modeling_neural_interpreter as modeling
+
+    choose = modeling.attention_implementation
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert choose("sdpa", cuda, compiling=True) == "eager"
+    assert choose(None, cuda, compiling=True) == "eager"  # no implementation set means "sdpa"
+    assert choose("sdpa", cuda, compiling=False) == "sdpa"  # eager mode keeps SDPA's kernel
+    assert choose("sdpa", cpu, compiling=True) == "sdpa"  # the CPU paths compile right
+    assert choose("eager", cpu, compiling=False) == "eager"
+    monkeypatch.setattr(modeling, "EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR", False)
+    assert choose("sdpa", cuda, compiling=True) == "sdpa"  # the switch the diagnosis scripts turn off
+
+
+def test_each_loc_runs_the_attention_that_attention_implementation_picks(tester, monkeypatch):
+    """The LOCs ask `attention_implementation` with their device and compile state, and run what it returns."""
+    import ni_hf.modeling_neural_interpreter as modeling
+
+    config = tester.get_config(truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).eval()  # "sdpa"
+    inputs = tester.prepare_inputs(config)
+    with torch.no_grad():
+        reference = model(**inputs).logits
+    asked = []
+
+    def pick_eager(requested, device, compiling):
+        asked.append((requested, device.type, compiling))
+        return "eager"
+
+    monkeypatch.setattr(modeling, "attention_implementation", pick_eager)
+    called = []
+    eager = modeling.ATTENTION_FUNCTIONS["eager"]
+    monkeypatch.setitem(
+        modeling.ATTENTION_FUNCTIONS, "eager", lambda *a, **k: called.append(1) or eager(*a, **k)
+    )
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert asked and set(asked) == {("sdpa", "cpu", False)}
+    assert len(called) == len(asked)  # every LOC ran the picked (eager) attention
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-4)  # the same function
+
+
 @pytest.mark.parametrize("model_class", [NeuralInterpreterModel, NeuralInterpreterForImageClassification])
 def test_eager_and_sdpa_models_agree_on_outputs_and_gradients(tester, model_class):
     config = tester.get_config(truncation_tau=0.9)  # sparse routing: many rejected pairs

@@ -5,7 +5,8 @@ are folded into the leading (batch) dimension of one tensor, shape (U, B, N, d);
 (code modulations, positional biases) are computed once per forward from the U code vectors, never per
 token. Attention goes through one dispatch point: "sdpa" (torch's scaled_dot_product_attention with the
 key compatibilities folded into the values; on CPU, where torch has no fused kernel for these head sizes, the
-same computation with two batched matmuls) or "eager" (the literal formula of Eq. 6).
+same computation with two batched matmuls) or "eager" (the literal formula of Eq. 6). Compiled on an accelerator,
+"sdpa" runs the "eager" formulation (`attention_implementation`: a workaround for an inductor miscompile on CUDA).
 """
 
 from __future__ import annotations
@@ -1043,6 +1044,30 @@ ATTENTION_FUNCTIONS = {"eager": modulated_attention_eager, "sdpa": modulated_att
 # custom Functions apart from the rest of the model.
 LEAN_CUSTOM_FUNCTIONS = True
 
+# Whether "sdpa" runs Eq. 6 in the "eager" formulation while torch.compile traces a model on an accelerator. On
+# CUDA (an H200, torch 2.11, benchmarks/RESULTS.md of 2026-11-27) inductor compiled the LOCs of the "sdpa" path,
+# A @ [C_uj v_j, C_uj] then Eq. 6's division, to another function (logits off by O(1), in float32 too; right with
+# inductor's pattern matcher off, and with the "eager" formulation); never seen on the CPU. The switch lets
+# benchmarks/diagnose_compile.py and benchmarks/diagnose_sdpa.py compile the "sdpa" path as built.
+EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = True
+
+
+def attention_implementation(requested: str | None, device: torch.device, compiling: bool) -> str:
+    """The attention path a LOC runs: the config's, but "eager" for "sdpa" compiled on an accelerator (see above).
+
+    Both compute Eq. 6; at these sizes "eager" was also the faster of the two on an H100 without compile
+    (benchmarks/RESULTS.md, 2026-11-23).
+    """
+    implementation = requested or "sdpa"
+    if (
+        implementation == "sdpa"
+        and compiling
+        and device.type not in ("cpu", "meta")
+        and EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR
+    ):
+        return "eager"
+    return implementation
+
 
 class LineOfCode(nn.Module):
     """One LOC (Eqs. 5-7): modulated attention then ModMLP, both gated by C_ui, in U parallel streams."""
@@ -1090,7 +1115,9 @@ class LineOfCode(nn.Module):
             y = apply_function_weights(h, weight, projection.function_bias(u), False)
             return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
-        implementation = self.config._attn_implementation or "sdpa"
+        implementation = attention_implementation(
+            self.config._attn_implementation, h.device, torch.compiler.is_compiling()
+        )
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         bias = None if position_bias is None else position_bias * scale
         gate = compatibilities.unsqueeze(-1)
