@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from diagnose_compile import build_model  # this folder is on the path when the script runs
 
 import ni_hf.modeling_neural_interpreter as modeling
-from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
 
 APPLIED: Counter[str] = Counter()  # pattern-matcher rewrites applied in the current compile, by handler name
 SKIPPED: set[str] = set()  # handler names whose rewrites are skipped (`--skip-pattern`)
@@ -160,10 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.skip_model:
         return
     flags_off = {flag: False for flag in args.inductor_off.split(",") if flag}
-    torch.manual_seed(0)
-    config = NeuralInterpreterConfig.from_paper("digits", num_function_iterations=2, truncation_tau=1.99)
-    config._attn_implementation = "sdpa"
-    model = NeuralInterpreterForImageClassification(config).eval().to(device)
+    model = build_model("sdpa").to(device)  # diagnose_compile.py's model
     pixels = rand(8, 3, 32, 32)
 
     def model_logits(pixels):
