@@ -437,3 +437,15 @@ def test_gpu_suite_refuses_an_unknown_part_before_doing_anything(tmp_path: Path)
     )
     assert done.returncode == 2 and "unknown part 'diagnos'" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_op_count_counts_each_phase_of_a_training_step_independently_of_the_batch_size() -> None:
+    """benchmarks/op_count.py: a step's operations by phase; the count (the per-step overhead) is batch-free."""
+    module = load_script(REPO / "benchmarks" / "op_count.py", "ni_op_count")
+    small, large = (module.main(["--preset", "fuzzy_boolean", "--batch-size", str(b)]) for b in (2, 5))
+    assert small == large
+    for counts in small.values():
+        assert counts["forward"] > 100 and counts["backward"] > counts["forward"]
+        assert counts["total"] == counts["forward"] + counts["backward"] + counts["optimizer_step"]
+    # the same parameter tensors, so the same RAdam step, whichever attention
+    assert small["sdpa"]["optimizer_step"] == small["eager"]["optimizer_step"] > 0
