@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,16 @@ def _record_pattern_rewrites() -> None:
             return None if name in SKIPPED else _apply(self, match, graph, node)
 
         entry_class.apply = recorded
+
+
+@contextmanager
+def sdpa_as_built() -> Iterator[None]:
+    """Compile the "sdpa" path as built, not the "eager" formulation the shipped model compiles on a GPU."""
+    modeling.EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = False
+    try:
+        yield
+    finally:
+        modeling.EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = True
 
 
 def compare(name: str, fn: Callable, *args: torch.Tensor, **inductor_config: object) -> float | None:
@@ -167,23 +178,23 @@ def main(argv: list[str] | None = None) -> None:
         return model(pixel_values=pixels).logits
 
     kernel_as_built = modeling.modulated_attention_sdpa_kernel
-    modeling.EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = False
-    try:
+    with sdpa_as_built():
         suffix = f", inductor flags off: {sorted(flags_off)}" if flags_off else ""
         compare("model, sdpa as built" + suffix, model_logits, pixels, **flags_off)
         compare("model, sdpa as built, pattern matcher off", model_logits, pixels, pattern_matcher=False)
         modeling.modulated_attention_sdpa_kernel = modeling.modulated_attention_matmul
-        compare("model, sdpa as built, explicit-matmul attention" + suffix, model_logits, pixels, **flags_off)
-    finally:
-        modeling.modulated_attention_sdpa_kernel = kernel_as_built
-        modeling.EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = True
+        try:
+            compare(
+                "model, sdpa as built, explicit-matmul attention" + suffix, model_logits, pixels, **flags_off
+            )
+        finally:
+            modeling.modulated_attention_sdpa_kernel = kernel_as_built
     compare("model, sdpa as shipped", model_logits, pixels)
     if not args.bisect:
         return
     # The model as built with one GPU-only inductor feature off at a time: the one whose absence makes it exact
     # is the culprit. Config flags first, then single pattern rewrites (seen on the H200, not on the CPU).
-    modeling.EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = False
-    try:
+    with sdpa_as_built():
         for flag in ("online_softmax", "comprehensive_padding", "shape_padding"):
             compare(f"model, sdpa as built, {flag} off", model_logits, pixels, **{flag: False})
         for pattern in (
@@ -195,8 +206,6 @@ def main(argv: list[str] | None = None) -> None:
             SKIPPED.add(pattern)
             compare(f"model, sdpa as built, {pattern} skipped", model_logits, pixels)
             SKIPPED.discard(pattern)
-    finally:
-        modeling.EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = True
 
 
 if __name__ == "__main__":
