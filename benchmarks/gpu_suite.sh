@@ -15,7 +15,8 @@
 # "compile": bf16 + torch.compile (inductor, default mode);
 # "graphs": bf16 + torch.compile(mode="reduce-overhead"), i.e. CUDA graphs, for $GRAPH_MODELS (default: ni-sdpa
 #   ni-eager vit);
-# "profile": benchmarks/profile_gpu.py (kernel time per step and the heaviest kernels), appended to reports.md.
+# "profile": benchmarks/profile_gpu.py --shapes (device time per step, the heaviest kernels, the operators by input
+#   shape), appended to reports.md.
 set -u
 out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train fp32 bf16 compile graphs profile}
 part=${2:-all}
@@ -96,6 +97,6 @@ if want graphs; then
 fi
 if want profile; then
     echo "== profile ($(date -u +%H:%M:%S), limit ${PROFILE_LIMIT:-120}s)"
-    timeout "${PROFILE_LIMIT:-120}" "$python" benchmarks/profile_gpu.py --top 30 2>>"$out/suite.log" | tee -a "$out/reports.md"
+    timeout "${PROFILE_LIMIT:-120}" "$python" benchmarks/profile_gpu.py --top 30 --shapes 2>>"$out/suite.log" | tee -a "$out/reports.md"
 fi
 echo "== done ($(date -u +%H:%M:%S))"

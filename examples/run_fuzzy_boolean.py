@@ -707,17 +707,32 @@ def bare_step_time(
     optimizer_cls: type[torch.optim.Optimizer],
     optimizer_kwargs: dict[str, Any],
     steps: int,
+    compile_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, float | int]:
-    """Median time of ``steps`` bare forward + backward + optimizer step + zero_grad on one batch (after 2 warm-up)."""
+    """Median time of ``steps`` bare forward + backward + optimizer step + zero_grad on one batch (after 2 warm-up).
+
+    The batch moves to the model's device; ``compile_kwargs`` (the Trainer's torch.compile backend and mode) compile
+    the copy as the Trainer compiled its model, so that the difference to the Trainer step is the loop's overhead.
+    """
     model = copy.deepcopy(model).train()
+    device = next(model.parameters()).device
+    batch = {key: value.to(device) for key, value in batch.items()}
     optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **optimizer_kwargs)
+    step_model = torch.compile(model, **compile_kwargs) if compile_kwargs is not None else model
+
+    def synchronize() -> None:  # CUDA runs asynchronously: time the work, not its launch
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     durations = []
     for i in range(steps + 2):
+        synchronize()
         start = time.perf_counter()
-        loss = model(inputs=batch["inputs"], labels=batch["labels"]).loss
+        loss = step_model(inputs=batch["inputs"], labels=batch["labels"]).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        synchronize()
         if i >= 2:
             durations.append(time.perf_counter() - start)
     return {
@@ -1271,8 +1286,13 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             # One process's batch: under DDP the difference to the Trainer step includes the gradient all-reduce.
             batch = datasets["pretrain"]["train"].__getitems__(list(range(per_device_batch)))
             optimizer_cls, optimizer_kwargs = radam(pre_args, exp.pretrain_learning_rate)
+            compile_kwargs = None
+            if pre_args.torch_compile:
+                compile_kwargs = {"backend": pre_args.torch_compile_backend or "inductor"}
+                if pre_args.torch_compile_mode:
+                    compile_kwargs["mode"] = pre_args.torch_compile_mode
             timing["bare_step"] = bare_step_time(
-                model, batch, optimizer_cls, optimizer_kwargs, overhead_steps
+                model, batch, optimizer_cls, optimizer_kwargs, overhead_steps, compile_kwargs
             )
             timing["dataloader_batch_s"] = dataloader_batch_time(trainer)
             bare, full = timing["bare_step"]["median_s"], timing["trainer_step"].get("median_s")

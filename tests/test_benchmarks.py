@@ -449,3 +449,42 @@ def test_op_count_counts_each_phase_of_a_training_step_independently_of_the_batc
         assert counts["total"] == counts["forward"] + counts["backward"] + counts["optimizer_step"]
     # the same parameter tensors, so the same RAdam step, whichever attention
     assert small["sdpa"]["optimizer_step"] == small["eager"]["optimizer_step"] > 0
+
+
+def test_gpu_profile_counts_each_kernel_once() -> None:
+    """profile_gpu.py sums device-side events only: the launching operator's and annotations' copies do not count."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    module = load_script(REPO / "benchmarks" / "profile_gpu.py", "ni_profile_gpu")
+
+    def event(
+        device_type: DeviceType, time_us: float, count: int, annotation: bool = False
+    ) -> SimpleNamespace:
+        return SimpleNamespace(
+            device_type=device_type,
+            self_device_time_total=time_us,
+            count=count,
+            is_user_annotation=annotation,
+        )
+
+    events = [
+        event(DeviceType.CPU, 30.0, 2),  # aten::bmm, carrying its kernels' time
+        event(DeviceType.CUDA, 20.0, 1),  # the bmm's two kernels
+        event(DeviceType.CUDA, 10.0, 1),
+        event(DeviceType.CUDA, 25.0, 1, annotation=True),  # Optimizer.step#RAdam.step on the GPU timeline
+        event(DeviceType.CUDA, 5.0, 3),  # an elementwise kernel
+    ]
+    assert module.device_time_and_launches(events) == (35.0, 5)
+
+
+def test_gpu_profile_runs_and_groups_by_shape_on_cpu(capsys: pytest.CaptureFixture) -> None:
+    """profile_gpu.py end to end on the CPU (eager, batch 2): the summary line and both tables."""
+    module = load_script(REPO / "benchmarks" / "profile_gpu.py", "ni_profile_gpu")
+    module.main(
+        ["--device", "cpu", "--compile-mode", "none", "--batch-size", "2", "--steps", "1", "--shapes"]
+    )
+    out = capsys.readouterr().out
+    assert "batch 2, compile none:" in out and "kernels 0.0 ms/step" in out
+    assert "aten::bmm" in out and "Input Shapes" in out

@@ -693,3 +693,27 @@ def test_bad_options_fail_before_pretraining(
     with caplog.at_level(logging.INFO), pytest.raises(ValueError, match=match):
         script.main(args)
     assert "Pre-training" not in caplog.text and not (tmp_path / "pretrain").exists()
+
+
+def test_bare_step_runs_on_the_models_device_and_compiles_like_the_trainer(script: ModuleType) -> None:
+    """The bare step moves the batch to the model's device (meta stands in for a GPU) and uses the compile backend."""
+    config = NeuralInterpreterConfig.from_paper(
+        "fuzzy_boolean", hidden_size=16, code_dim=16, attention_head_size=8, type_inference_hidden_size=16,
+        task_names=["a", "b", "c"],
+    )  # fmt: skip
+    batch = {"inputs": torch.rand(4, 5), "labels": torch.rand(4, 3)}
+    timing = script.bare_step_time(
+        NeuralInterpreterForSetRegression(config).to("meta"), batch, torch.optim.RAdam, {"lr": 1e-3}, 2
+    )
+    assert timing["steps_timed"] == 2 and timing["median_s"] > 0
+    compiled_graphs = []
+
+    def recording_backend(graph_module: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        compiled_graphs.append(graph_module)
+        return graph_module.forward
+
+    timing = script.bare_step_time(
+        NeuralInterpreterForSetRegression(config), batch, torch.optim.RAdam, {"lr": 1e-3}, 2,
+        {"backend": recording_backend},
+    )  # fmt: skip
+    assert timing["steps_timed"] == 2 and compiled_graphs
