@@ -10,9 +10,11 @@
 # the two-rate reading of the paper's table; no collapse on CPU). Each run writes
 # OUT_DIR/<run>/fuzzy_boolean_results.{md,json} and OUT_DIR/<run>.log; the tables go to OUT_DIR/results.md.
 # Several processes share the GPU because one of these small steps (25 tokens of width 128) cannot fill it.
-# FUZZY_ARGS adds options to every run. On one H200 an eager pre-training step ran at 23.4 steps/s (2026-11-27):
-# the 20,480 steps take about 15 min, bound by per-step overhead (kernel launches, Python), which CUDA graphs
-# (FUZZY_ARGS="--torch_compile true --torch_compile_backend cudagraphs", not yet measured) would cut.
+# With CUDA, every run is compiled with dynamo's CUDA-graphs backend (no inductor): on one H200 (2026-11-27) a
+# pre-training step took 12.2 ms in the Trainer (72 steps/s over 4,096 steps, compile included) against 42.7 ms
+# eager, so the 20,480 steps take about 4-5 min; the losses followed an eager CPU run of the same seed
+# (benchmarks/RESULTS.md).
+# FUZZY_ARGS replaces those options (FUZZY_ARGS="" runs eagerly) and can add others.
 # PRETRAIN_LIMIT and ADAPT_LIMIT (seconds, default 330 and 200) bound the two stages, so that one call fits the
 # device tool's 600 s; a stopped pre-training keeps its checkpoints (every 1,024 steps), and running the script
 # again with the same OUT_DIR continues from them. It needs torch with CUDA and transformers 5.x (the CPU runs of
@@ -26,8 +28,11 @@ mkdir -p "$out"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 common=(--protocol "$protocol" --num_threads 2 --disable_tqdm true --logging_steps 512 --report_to none)
+cuda_graphs=""
+"$python" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null &&
+    cuda_graphs="--torch_compile true --torch_compile_backend cudagraphs"
 # shellcheck disable=SC2206
-common+=(${FUZZY_ARGS:-}) # more options for every run, e.g. FUZZY_ARGS="--torch_compile true --torch_compile_backend cudagraphs"
+common+=(${FUZZY_ARGS-$cuda_graphs}) # unset: CUDA graphs where CUDA is available; "": eager
 
 run() { # run SECONDS NAME ARGS... : one run_fuzzy_boolean.py process under `timeout`, its log in OUT_DIR/NAME.log
     local limit=$1 name=$2
