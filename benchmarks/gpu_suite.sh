@@ -8,7 +8,8 @@
 # "diagnose": benchmarks/diagnose_compile.py (which execution departs from the CPU float32 logits), then
 #   benchmarks/diagnose_sdpa.py --bisect (which piece, and which GPU-only inductor feature), to suite.log;
 # "tests": $TESTS (default: tests/test_compile.py and the model tests);
-# "train": examples/run_digits.py end to end (Trainer, data loading, RandAugment on the GPU, bf16, torch.compile)
+# "train": examples/run_digits.py end to end (Trainer, data loading, RandAugment in the 8 DataLoader workers, bf16,
+#   torch.compile)
 #   for $TRAIN_STEPS steps (default 2000) on the Parquet data under $GPU_DATA (default .gpu/data; skipped when
 #   absent), log in OUT_DIR/train.log, the trained model in OUT_DIR/model (the last checkpoint if the time ran out);
 # "fp32", "bf16": float32 and bf16 autocast without compile (all three models; bf16 with the routing density);

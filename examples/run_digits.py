@@ -326,6 +326,16 @@ class DataArguments:
             "Pass --randaugment false to switch it off."
         },
     )
+    randaugment_where: str = field(
+        default="auto",
+        metadata={
+            "help": "Where RandAugment runs: 'device' (the training device, in the training step), 'workers' (the "
+            "DataLoader worker processes, on the CPU, overlapping the training steps) or 'auto' (workers when "
+            "--dataloader_num_workers > 0, else the device). On a GPU a batch's augmentation is ~1,900 small "
+            "operations, each a kernel launch; in the workers it leaves the GPU's step alone.",
+            "choices": ["auto", "device", "workers"],
+        },
+    )
     randaugment_num_ops: int = field(
         default=2, metadata={"help": "RandAugment: operations applied to each image (n)."}
     )
@@ -541,15 +551,25 @@ def resolve_data_arguments(
     return source, list(PAPER_TASKS)
 
 
-def make_transform(processor: NeuralInterpreterImageProcessor, model_task_ids: list[int] | None = None):
+def make_transform(
+    processor: NeuralInterpreterImageProcessor,
+    model_task_ids: list[int] | None = None,
+    augmentation: BatchRandAugment | None = None,
+):
     """Dataset transform: PIL images -> normalized (3, H, W) float arrays, labels and task ids.
 
     ``model_task_ids[i]``: the model's task id of the data's task ``i`` (a saved model evaluated on some of its
-    tasks, or in another order); default: the same ids.
+    tasks, or in another order); default: the same ids. ``augmentation``: applied to the batch here, i.e. in the
+    DataLoader's worker processes (``--randaugment_where workers``).
     """
 
     def transform(batch: dict[str, list[Any]]) -> dict[str, Any]:
         pixel_values = processor(images=batch["image"], do_patchify=False)["pixel_values"]
+        if augmentation is not None:
+            with torch.no_grad():
+                pixel_values = augmentation(
+                    torch.from_numpy(np.stack(pixel_values).astype(np.float32))
+                ).numpy()
         task_ids = [int(task_id) for task_id in batch["task_id"]]
         if model_task_ids is not None:
             task_ids = [model_task_ids[task_id] for task_id in task_ids]
@@ -560,6 +580,18 @@ def make_transform(processor: NeuralInterpreterImageProcessor, model_task_ids: l
         }
 
     return transform
+
+
+def randaugment_in_workers(where: str, num_workers: int) -> bool:
+    """Whether RandAugment runs in the DataLoader workers (``--randaugment_where``): 'auto' when there are any."""
+    if where not in ("auto", "device", "workers"):
+        raise ValueError(f"--randaugment_where must be auto, device or workers, got {where!r}.")
+    if where == "workers" and num_workers < 1:
+        raise ValueError(
+            "--randaugment_where workers needs DataLoader worker processes: pass --dataloader_num_workers N (N >= 1), "
+            "or --randaugment_where device."
+        )
+    return where == "workers" or (where == "auto" and num_workers > 0)
 
 
 def select_randaugment_policy(names: list[str] | None) -> list[tuple[str, float, float]] | None:
@@ -758,6 +790,11 @@ def write_model_card(
             f"n={data_args.randaugment_num_ops}, m={data_args.randaugment_magnitude:g} on timm's 0-10 scale, "
             f"each operation applied with probability {data_args.randaugment_probability:g}, drawn per image from "
             + (", ".join(data_args.randaugment_operations or []) or "timm's 15 operations")
+            + (
+                "; in the DataLoader's worker processes, on the CPU"
+                if randaugment_in_workers(data_args.randaugment_where, training_args.dataloader_num_workers)
+                else "; inside the training step, on the training device"
+            )
             if data_args.randaugment
             else None
         ),
@@ -923,6 +960,7 @@ def check_arguments(
         )
     resolve_dataset_source(data_args.dataset_source, data_args.data_dir)
     select_randaugment_policy(data_args.randaugment_operations)
+    randaugment_in_workers(data_args.randaugment_where, training_args.dataloader_num_workers)
 
     path = model_args.model_name_or_path
     if path is not None:
@@ -1058,7 +1096,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     processor = NeuralInterpreterImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
     )
-    raw["train"].set_transform(make_transform(processor, model_task_ids))
     raw["test"].set_transform(make_transform(processor, model_task_ids))
 
     augmentation = None
@@ -1073,9 +1110,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             image_size=config.image_size,
             patch_size=config.patch_size,
         )
-        logger.info(
-            f"Training batches are augmented on {training_args.device}: RandAugment({augmentation.extra_repr()})"
+    in_workers = augmentation is not None and randaugment_in_workers(
+        data_args.randaugment_where, training_args.dataloader_num_workers
+    )
+    raw["train"].set_transform(
+        make_transform(processor, model_task_ids, augmentation if in_workers else None)
+    )
+    if augmentation is not None:
+        where = (
+            f"in the {training_args.dataloader_num_workers} DataLoader workers (CPU)"
+            if in_workers
+            else f"on {training_args.device}"
         )
+        logger.info(f"Training batches are augmented {where}: RandAugment({augmentation.extra_repr()})")
+        if in_workers:
+            augmentation = None  # the trainer's training step leaves the batches as the workers made them
 
     with training_args.main_process_first(desc="loading the metric"):
         metric = load_multitask_accuracy(keep_in_memory=True)

@@ -488,3 +488,16 @@ def test_gpu_profile_runs_and_groups_by_shape_on_cpu(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert "batch 2, compile none:" in out and "kernels 0.0 ms/step" in out
     assert "aten::bmm" in out and "Input Shapes" in out
+
+
+def test_op_count_counts_and_times_the_randaugment_of_a_batch() -> None:
+    """--augmentation: run_digits.py's RandAugment of one batch, in operations (each a launch on a GPU) and images/s."""
+    module = load_script(REPO / "benchmarks" / "op_count.py", "ni_op_count")
+    augmentation = module.count_augmentation(16, torch.device("cpu"), draws=2)
+    assert (
+        100
+        < augmentation["operations_min"]
+        <= augmentation["operations_mean"]
+        <= augmentation["operations_max"]
+    )
+    assert augmentation["images_per_s"] > 0

@@ -239,6 +239,68 @@ def test_batch_randaugment_keeps_shape_and_scale_and_is_seeded():
         BatchRandAugment(magnitude=10.5)
 
 
+def test_the_transform_augments_when_given_randaugment_and_only_then():
+    """--randaugment_where workers: the dataset transform (run in the workers) applies RandAugment to the batch."""
+    from PIL import Image as PILImage
+
+    from ni_hf import NeuralInterpreterImageProcessor
+    from ni_hf.augmentation import BatchRandAugment
+
+    processor = NeuralInterpreterImageProcessor()
+    rng = np.random.default_rng(0)
+    batch = {
+        "image": [PILImage.fromarray(rng.integers(0, 255, (28, 28), dtype=np.uint8)) for _ in range(6)],
+        "label": [1, 2, 3, 4, 5, 6],
+        "task_id": [0, 1, 0, 1, 0, 1],
+    }
+    augment = BatchRandAugment(num_ops=2, magnitude=9, probability=1.0)
+    plain = run_digits.make_transform(processor)(batch)
+    torch.manual_seed(0)
+    augmented = run_digits.make_transform(processor, augmentation=augment)(batch)
+    torch.manual_seed(0)
+    expected = augment(torch.from_numpy(np.stack(plain["pixel_values"])))
+    assert augmented["labels"] == plain["labels"] and augmented["task_ids"] == plain["task_ids"]
+    assert all(
+        image.dtype == np.float32 and image.shape == (3, 32, 32) for image in augmented["pixel_values"]
+    )
+    np.testing.assert_array_equal(np.stack(augmented["pixel_values"]), expected.numpy())
+    assert not np.array_equal(np.stack(augmented["pixel_values"]), np.stack(plain["pixel_values"]))
+
+
+@pytest.mark.parametrize(
+    ("where", "workers", "in_workers"),
+    [("auto", 0, False), ("auto", 2, True), ("device", 2, False), ("workers", 1, True)],
+)
+def test_randaugment_runs_in_the_workers_when_there_are_any_or_when_asked(where, workers, in_workers):
+    assert run_digits.randaugment_in_workers(where, workers) is in_workers
+
+
+def test_randaugment_in_workers_without_workers_is_refused(no_data_loading, tmp_path):
+    with pytest.raises(ValueError, match=r"--randaugment_where workers needs.*--dataloader_num_workers"):
+        run_digits.main(quick_args(tmp_path, "--dataset_source", "sklearn", "--randaugment_where", "workers"))
+
+
+def test_training_with_randaugment_in_a_worker_process_leaves_the_training_step_alone(
+    data_dir, tmp_path, monkeypatch
+):
+    """One DataLoader worker (auto): the batches come augmented from it, and the trainer gets no augmentation."""
+    trainers = []
+
+    class Recording(run_digits.DigitsTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trainers.append(self)
+
+    monkeypatch.setattr(run_digits, "DigitsTrainer", Recording)
+    with isolated_run(tmp_path / "hf_home") as messages:
+        run_digits.main(
+            tiny_args(tmp_path / "out", data_dir, "--dataloader_num_workers", "1", "--save_strategy", "no")
+        )
+    assert len(trainers) == 1 and trainers[0].augmentation is None
+    assert any("augmented in the 1 DataLoader workers (CPU)" in message for message in messages), messages
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 # --------------------------------------------------------------------------------------- one process
 
 
