@@ -15,7 +15,8 @@
 # "fp32", "bf16": float32 and bf16 autocast without compile (all three models; bf16 with the routing density);
 # "compile": bf16 + torch.compile (inductor, default mode);
 # "graphs": bf16 + torch.compile(mode="reduce-overhead"), i.e. CUDA graphs, for $GRAPH_MODELS (default: ni-sdpa
-#   ni-eager vit);
+#   ni-eager-aligned vit; compiled on a GPU ni-sdpa runs the eager formulation, ni-eager-aligned the same on tokens
+#   padded to a multiple of 8);
 # "profile": benchmarks/profile_gpu.py --shapes (device time per step, the heaviest kernels, the operators by input
 #   shape), appended to reports.md.
 set -u
@@ -89,11 +90,11 @@ want bf16 && step cuda_bf16_eager 150 --dtype bfloat16 --models ni-sdpa ni-eager
 # the host sync of the NaN/inf check: the same eager bf16 steps without it
 want bf16 && step cuda_bf16_eager_nocheck 90 --dtype bfloat16 --models ni-sdpa --no-density --no-finite-check
 if want compile; then
-    step cuda_bf16_compile 300 --dtype bfloat16 --compile --models ni-sdpa vit --no-density
+    step cuda_bf16_compile 300 --dtype bfloat16 --compile --models ni-sdpa ni-eager-aligned vit --no-density
 fi
 if want graphs; then
     # shellcheck disable=SC2086
-    step cuda_bf16_cudagraphs "${GRAPHS_LIMIT:-300}" --dtype bfloat16 --cuda-graphs --models ${GRAPH_MODELS:-ni-sdpa ni-eager vit} \
+    step cuda_bf16_cudagraphs "${GRAPHS_LIMIT:-300}" --dtype bfloat16 --cuda-graphs --models ${GRAPH_MODELS:-ni-sdpa ni-eager-aligned vit} \
         --no-density
 fi
 if want profile; then

@@ -2,6 +2,7 @@
 """Where a training step of the digits preset spends its GPU time: torch.profiler over a few compiled bf16 steps.
 
     PYTHONPATH=src python benchmarks/profile_gpu.py [--batch-size 128] [--compile-mode default] [--steps 5] [--shapes]
+        [--token-alignment 8]
 
 Prints the wall time per step, the summed kernel time per step (their ratio says how much of the step the GPU is
 idle, i.e. launch- or CPU-bound), and the kernels that take the most time.
@@ -19,7 +20,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
-from ni_hf.modeling_neural_interpreter import patchify
+from ni_hf.modeling_neural_interpreter import LineOfCode, patchify
 
 
 def device_time_and_launches(events: Iterable[Any]) -> tuple[float, int]:
@@ -44,6 +45,12 @@ def main(argv: list[str] | None = None) -> None:
         help="Then a second table of the operators grouped by input shapes (which products are slow).",
     )
     p.add_argument("--device", default="cuda", help="cuda, or cpu to check the script without a GPU.")
+    p.add_argument(
+        "--token-alignment",
+        type=int,
+        default=1,
+        help="Pad the tokens of the eager attention to a multiple of this (LineOfCode.token_alignment), e.g. 8.",
+    )
     args = p.parse_args(argv)
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
@@ -55,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     config = NeuralInterpreterConfig.from_paper("digits")
     model = NeuralInterpreterForImageClassification(config).to(device).train()
+    for module in model.modules():
+        if isinstance(module, LineOfCode):
+            module.token_alignment = args.token_alignment
     runner = model if args.compile_mode == "none" else torch.compile(model, mode=args.compile_mode)
     optimizer = torch.optim.RAdam(model.parameters(), lr=1e-4)
     images = torch.rand(args.batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1

@@ -259,6 +259,24 @@ def test_no_finite_check_turns_the_check_off_in_our_models_and_the_memory_subpro
     assert bench.build_model("ni-sdpa", bench.parse_args([])).checks_finite is True
 
 
+def test_the_token_aligned_model_is_asked_for_by_name_and_counts_the_models_flops(bench: ModuleType) -> None:
+    """ni-eager-aligned: eager attention on tokens padded to 8; its FLOPs are the model's, its padding "as run"."""
+    from ni_hf.modeling_neural_interpreter import LineOfCode
+
+    assert "ni-eager-aligned" not in bench.parse_args([]).models
+    args = bench.parse_args(["--models", "ni-eager-aligned", "--override", "num_function_iterations=1"])
+    model = bench.build_model("ni-eager-aligned", args)
+    locs = [m for m in model.modules() if isinstance(m, LineOfCode)]
+    assert (
+        locs and {loc.token_alignment for loc in locs} == {8} and model.config._attn_implementation == "eager"
+    )
+    assert {
+        m.token_alignment for m in bench.build_model("ni-eager", args).modules() if isinstance(m, LineOfCode)
+    } == {1}
+    padded = bench.count_flops("ni-eager-aligned", args, "eager")
+    assert padded > bench.count_flops("ni-eager", args, "eager")  # 67 tokens padded to 72
+
+
 def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(bench: ModuleType) -> None:
     """Under CUDA graphs the pool is allocated while recording, so one replayed step's growth is not a peak."""
     assert bench.uses_cuda_graphs(bench.parse_args(["--cuda-graphs"]))

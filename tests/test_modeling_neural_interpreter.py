@@ -25,6 +25,7 @@ from ni_hf.modeling_neural_interpreter import (
     _NormModLin,
     bilinear_attention_pays,
     enable_activation_checkpointing,
+    modulated_attention_aligned,
     modulated_attention_bilinear,
     modulated_attention_eager,
     modulated_attention_matmul,
@@ -202,6 +203,66 @@ def test_fast_attention_paths_match_literal_formula_and_its_gradients(attention,
         torch.testing.assert_close(g_fast, g_eager, atol=1e-4, rtol=1e-4, msg=name)
     rejected = (c == 0).transpose(0, 1)[:, :, None, :]  # (B, U, 1, N): queries with C_ui = 0 get exactly 0
     assert (fast[rejected.expand(-1, -1, fast.shape[2], -1)] == 0).all()
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("alignment", [4, 8, 6])  # 6 tokens: padded to 8, to 8, and not at all
+def test_token_aligned_attention_computes_eq6_and_its_gradients(with_bias, alignment):
+    """Padding the tokens (C = 0, key logits -inf) changes the layout only: outputs and gradients as unpadded."""
+    q, k, v, c, bias = _attention_inputs()
+    bias = bias.requires_grad_() if with_bias else None
+    leaves = [t.requires_grad_() for t in (q, k, v, c)] + ([bias] if with_bias else [])
+    results = []
+    for fn, kwargs in (
+        (modulated_attention_eager, {}),
+        (modulated_attention_aligned, {"alignment": alignment}),
+    ):
+        out = fn(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0, **kwargs)
+        results.append((out, torch.autograd.grad(out.square().sum(), leaves)))
+    (eager, eager_grads), (aligned, aligned_grads) = results
+    assert aligned.shape == eager.shape
+    torch.testing.assert_close(aligned, eager, atol=1e-6, rtol=1e-6)
+    for g_aligned, g_eager in zip(aligned_grads, eager_grads, strict=True):
+        assert torch.isfinite(g_aligned).all()
+        torch.testing.assert_close(g_aligned, g_eager, atol=1e-5, rtol=1e-5)  # summed in another order
+
+
+def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monkeypatch):
+    """The LOCs' `token_alignment` (a GPU layout experiment of the benchmark) leaves logits and gradients as they are."""
+    import ni_hf.modeling_neural_interpreter as modeling
+
+    config = tester.get_config(truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    model.set_attn_implementation("eager")
+    inputs = tester.prepare_inputs(config)
+    token_counts = []
+    aligned_attention = modeling.modulated_attention_aligned
+
+    def recording(query, *args, **kwargs):
+        token_counts.append(query.shape[-2])
+        return aligned_attention(query, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "modulated_attention_aligned", recording)
+    results = []
+    for alignment in (1, 8):
+        for module in model.modules():
+            if isinstance(module, modeling.LineOfCode):
+                module.token_alignment = alignment
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        results.append(
+            (
+                out.logits.detach(),
+                {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            )
+        )
+    (logits, grads), (aligned_logits, aligned_grads) = results
+    assert token_counts and all(n % 8 for n in token_counts)  # every LOC ran it, on tokens that get padded
+    torch.testing.assert_close(aligned_logits, logits, atol=1e-5, rtol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(aligned_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_matmul_path_reads_strided_query_and_key_views():

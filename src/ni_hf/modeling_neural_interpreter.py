@@ -540,6 +540,38 @@ def modulated_attention_eager(
     return weights @ value
 
 
+def modulated_attention_aligned(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+    alignment: int = 8,
+) -> torch.Tensor:
+    """`modulated_attention_eager` with the N tokens padded to a multiple of ``alignment`` (Eq. 6 unchanged).
+
+    A padded token has C = 0 and a logit of -inf as a key, so it gets no attention and, as a query, attends to nothing
+    (its output row is dropped). The point is the layout: with 67 tokens every N x N product has a row length of
+    134 bf16 bytes, which GPU GEMM kernels that need 16-byte aligned rows cannot take (benchmarks/RESULTS.md).
+    """
+    n = key.shape[-2]
+    pad = -n % alignment
+    if pad == 0:
+        return modulated_attention_eager(
+            query, key, value, compatibilities, position_bias, scale, eps, dropout
+        )
+    query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (query, key, value))
+    compatibilities = F.pad(compatibilities, (0, pad))
+    mask = torch.zeros(n + pad, n + pad, dtype=query.dtype, device=query.device)
+    mask[:, n:] = float("-inf")
+    bias = mask if position_bias is None else F.pad(position_bias, (0, pad, 0, pad)) + mask
+    out = modulated_attention_eager(query, key, value, compatibilities, bias, scale, eps, dropout)
+    return out[..., :n, :]
+
+
 def _compatibility_columns(value: torch.Tensor, c_key: torch.Tensor, transient: bool = False) -> torch.Tensor:
     """[C_uj v_j, C_uj] (B, U, H, N, dv + 1): values scaled by the key compatibilities, plus C_uj as a column.
 
@@ -1088,6 +1120,9 @@ class LineOfCode(nn.Module):
         self.mlp = ModMLP(config)
         self.position_bias = RelativePositionalBias(config) if config.use_relative_positional_bias else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Pad the tokens of the "eager" formulation to a multiple of this (1: no padding); an experiment for GPU
+        # GEMM alignment that benchmarks/benchmark.py's "ni-eager-aligned" model turns on, not a config field.
+        self.token_alignment = 1
 
     def forward(
         self,
@@ -1151,6 +1186,8 @@ class LineOfCode(nn.Module):
             q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
             attention = ATTENTION_FUNCTIONS.get(implementation, modulated_attention_sdpa)
             kwargs = {"normalise": False} if columns else {}
+            if implementation == "eager" and self.token_alignment > 1:
+                attention, kwargs = modulated_attention_aligned, {"alignment": self.token_alignment}
             attended = attention(
                 q, k, v, compatibilities, bias, scale=1.0, eps=eps, dropout=dropout, **kwargs
             )
