@@ -594,6 +594,23 @@ def randaugment_in_workers(where: str, num_workers: int) -> bool:
     return where == "workers" or (where == "auto" and num_workers > 0)
 
 
+def final_evaluation_done(trainer: Trainer) -> dict[str, float] | None:
+    """The metrics of an evaluation the Trainer ran at the last training step, if it did (e.g. the last epoch's).
+
+    Evaluating the same weights again would give the same numbers; not with --load_best_model_at_end, which
+    loads other weights after training.
+    """
+    if trainer.args.load_best_model_at_end or not trainer.args.do_train:
+        return None
+    for entry in reversed(trainer.state.log_history):
+        if "eval_accuracy" in entry:
+            if entry.get("step") != trainer.state.global_step:
+                return None
+            logger.info(f"The evaluation at the last step ({entry['step']}) is the final one: not run again")
+            return {key: value for key, value in entry.items() if key.startswith("eval_") or key == "epoch"}
+    return None
+
+
 def select_randaugment_policy(names: list[str] | None) -> list[tuple[str, float, float]] | None:
     """The RandAugment operations named on the command line (None: all of timm's)."""
     if not names:
@@ -1173,7 +1190,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     eval_metrics: dict[str, float] = {}
     if training_args.do_eval:
-        eval_metrics = trainer.evaluate()
+        eval_metrics = final_evaluation_done(trainer) or trainer.evaluate()
         eval_metrics["eval_samples"] = len(raw["test"])
         eval_metrics["eval_world_size"] = world_size
         trainer.log_metrics("eval", eval_metrics)

@@ -301,6 +301,35 @@ def test_training_with_randaugment_in_a_worker_process_leaves_the_training_step_
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
+def test_an_evaluation_at_the_last_step_is_the_final_one_and_is_not_run_again(
+    data_dir, tmp_path, monkeypatch
+):
+    """--eval_strategy steps with an evaluation at the last step: main() reports it instead of evaluating again."""
+    evaluations = []
+
+    class Counting(run_digits.DigitsTrainer):
+        def evaluate(self, *args, **kwargs):
+            evaluations.append(self.state.global_step)
+            return super().evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(run_digits, "DigitsTrainer", Counting)
+    output_dir = tmp_path / "out"
+    args = tiny_args(output_dir, data_dir, "--save_strategy", "no", "--randaugment", "false")
+    args[args.index("--eval_strategy") + 1] = "steps"
+    with isolated_run(tmp_path / "hf_home") as messages:
+        results = run_digits.main([*args, "--eval_steps", "2"])
+    assert evaluations == [2, 4]  # not a third time after training
+    assert any("is the final one: not run again" in message for message in messages), messages
+    last = [
+        entry
+        for entry in json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+        if "eval_accuracy" in entry
+    ][-1]
+    assert last["step"] == 4 and results["eval_accuracy"] == last["eval_accuracy"]
+    saved = json.loads((output_dir / "eval_results.json").read_text())
+    assert saved["eval_accuracy"] == last["eval_accuracy"] and saved["eval_samples"] > 0
+
+
 # --------------------------------------------------------------------------------------- one process
 
 
