@@ -50,10 +50,10 @@ from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassificati
 from ni_hf.cpu_allocator import keep_freed_memory
 from ni_hf.evaluation import routing_density as evaluation_routing_density
 from ni_hf.modeling_neural_interpreter import (
-    LineOfCode,
     enable_activation_checkpointing,
     patchify,
     release_workspace,
+    set_token_alignment,
 )
 
 MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit", "ni-eager-aligned")
@@ -282,9 +282,7 @@ def build_model(key: str, args: argparse.Namespace, attn_implementation: str | N
         model: nn.Module = NeuralInterpreterForImageClassification(ni_config(args))
         impl = attn_implementation or key.split("-")[1]
         if key == "ni-eager-aligned":
-            for module in model.modules():
-                if isinstance(module, LineOfCode):
-                    module.token_alignment = 8
+            set_token_alignment(model, 8)
     else:
         model = ViTForImageClassification(vit_baseline_config())
         impl = attn_implementation or "sdpa"

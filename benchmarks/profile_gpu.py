@@ -20,7 +20,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
-from ni_hf.modeling_neural_interpreter import LineOfCode, patchify
+from ni_hf.modeling_neural_interpreter import patchify, set_token_alignment
 
 
 def device_time_and_launches(events: Iterable[Any]) -> tuple[float, int]:
@@ -62,9 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     config = NeuralInterpreterConfig.from_paper("digits")
     model = NeuralInterpreterForImageClassification(config).to(device).train()
-    for module in model.modules():
-        if isinstance(module, LineOfCode):
-            module.token_alignment = args.token_alignment
+    set_token_alignment(model, args.token_alignment)
     runner = model if args.compile_mode == "none" else torch.compile(model, mode=args.compile_mode)
     optimizer = torch.optim.RAdam(model.parameters(), lr=1e-4)
     images = torch.rand(args.batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1

@@ -246,9 +246,7 @@ def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monk
     monkeypatch.setattr(modeling, "modulated_attention_aligned", recording)
     results = []
     for alignment in (1, 8):
-        for module in model.modules():
-            if isinstance(module, modeling.LineOfCode):
-                module.token_alignment = alignment
+        modeling.set_token_alignment(model, alignment)
         model.zero_grad()
         out = model(**inputs)
         out.loss.backward()
@@ -260,6 +258,8 @@ def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monk
         )
     (logits, grads), (aligned_logits, aligned_grads) = results
     assert token_counts and all(n % 8 for n in token_counts)  # every LOC ran it, on tokens that get padded
+    with pytest.raises(ValueError, match="positive number of tokens"):
+        modeling.set_token_alignment(model, 0)
     torch.testing.assert_close(aligned_logits, logits, atol=1e-5, rtol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(aligned_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)

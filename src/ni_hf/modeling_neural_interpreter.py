@@ -754,6 +754,15 @@ def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
 
 
+def set_token_alignment(model: nn.Module, alignment: int) -> None:
+    """Pad the tokens of every LOC's "eager" attention to a multiple of ``alignment`` (1: none); same function."""
+    if alignment < 1:
+        raise ValueError(f"`alignment` must be a positive number of tokens, got {alignment}.")
+    for module in model.modules():
+        if isinstance(module, LineOfCode):
+            module.token_alignment = alignment
+
+
 def release_workspace() -> None:
     """Free the reused CPU buffers (this thread's `_Workspace`, and the idle ones of `_KeptBuffers`).
 
