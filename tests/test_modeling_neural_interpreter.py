@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import ni_hf
 from ni_hf import (
@@ -17,6 +18,7 @@ from ni_hf import (
     modeling_neural_interpreter,
 )
 from ni_hf.modeling_neural_interpreter import (
+    RelativePositionalBias,
     _AttentionOutput,
     _AttentionWithRecompute,
     _BilinearAttention,
@@ -733,6 +735,33 @@ def test_positional_bias_breaks_patch_order_equivariance(tester):
     out = model(pixel_values=x).last_hidden_state[:, config.num_task_tokens :]
     out_perm = model(pixel_values=x[:, perm]).last_hidden_state[:, config.num_task_tokens :]
     assert not torch.allclose(out_perm, out[:, perm], atol=1e-4)
+
+
+def test_positional_bias_is_the_offset_tables_read_at_each_patch_pair(tester):
+    """bias[u, h, p, q] = row[r_q - r_p] + col[c_q - c_p] + function term, for patches p, q; 0 with a task token."""
+    config = tester.get_config(use_relative_positional_bias=True)
+    module = RelativePositionalBias(config)
+    for weight in module.parameters():
+        nn.init.normal_(weight)
+    codes = torch.randn(3, config.code_dim)
+    t, g = 2, config.grid_size
+    bias = module(codes, num_prefix_tokens=t)
+    row_table = module.row_head_keys(module.row_offset_embeddings)
+    col_table = module.col_head_keys(module.col_offset_embeddings)
+    function_bias = module.row_function_keys(codes) + module.col_function_keys(codes)
+    expected = torch.zeros(3, config.num_attention_heads, t + g * g, t + g * g)
+    for p in range(g * g):
+        for q in range(g * g):
+            (rp, cp), (rq, cq) = divmod(p, g), divmod(q, g)
+            pair = row_table[rq - rp + g - 1] + col_table[cq - cp + g - 1]
+            expected[:, :, t + p, t + q] = pair + function_bias
+    torch.testing.assert_close(bias, expected, atol=0, rtol=0)
+    # and the gradients of the tables are those of the written-out sum
+    weights = torch.randn_like(bias)
+    grads = torch.autograd.grad((bias * weights).sum(), list(module.parameters()))
+    expected_grads = torch.autograd.grad((expected * weights).sum(), list(module.parameters()))
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
 
 
 def test_every_sample_sees_all_task_tokens(tester):
