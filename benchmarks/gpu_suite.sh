@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of benchmarks/README.md in one go, each step under its own time limit.
 #
-#   bash benchmarks/gpu_suite.sh OUT_DIR [PART[,PART...]|all]  PART: diagnose tests train fp32 bf16 compile graphs profile
+#   bash benchmarks/gpu_suite.sh OUT_DIR [PART[,PART...]|all]  PART: diagnose tests train fp32 bf16 compile graphs
+#                                                  profile traffic
 #
 # Writes OUT_DIR/<step>.json per step, appends the Markdown reports to OUT_DIR/reports.md and the progress logs to
 # OUT_DIR/suite.log, and prints each report. Parts run in the order above, whatever the order asked.
@@ -18,15 +19,17 @@
 #   ni-eager-aligned vit; compiled on a GPU ni-sdpa runs the eager formulation, ni-eager-aligned the same on tokens
 #   padded to a multiple of 8);
 # "profile": benchmarks/profile_gpu.py --shapes (device time per step, the heaviest kernels, the operators by input
-#   shape), appended to reports.md.
+#   shape), appended to reports.md;
+# "traffic": benchmarks/memory_traffic.py --device cuda (the bytes of a step as inductor fuses it for this GPU, and
+#   the floor they set at peak bandwidth), OUT_DIR/traffic.json, appended to reports.md.
 set -u
-out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train fp32 bf16 compile graphs profile}
+out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train fp32 bf16 compile graphs profile traffic}
 part=${2:-all}
 for name in ${part//,/ }; do # a typo would otherwise run nothing and waste a lent GPU's time
     case $name in
-    all | diagnose | tests | train | fp32 | bf16 | compile | graphs | profile) ;;
+    all | diagnose | tests | train | fp32 | bf16 | compile | graphs | profile | traffic) ;;
     *)
-        echo "gpu_suite.sh: unknown part '$name'; expected all or some of diagnose tests train fp32 bf16 compile graphs profile" >&2
+        echo "gpu_suite.sh: unknown part '$name'; expected all or some of diagnose tests train fp32 bf16 compile graphs profile traffic" >&2
         exit 2
         ;;
     esac
@@ -100,5 +103,10 @@ fi
 if want profile; then
     echo "== profile ($(date -u +%H:%M:%S), limit ${PROFILE_LIMIT:-120}s)"
     timeout "${PROFILE_LIMIT:-120}" "$python" benchmarks/profile_gpu.py --top 30 --shapes 2>>"$out/suite.log" | tee -a "$out/reports.md"
+fi
+if want traffic; then
+    echo "== traffic ($(date -u +%H:%M:%S), limit ${TRAFFIC_LIMIT:-240}s)"
+    timeout "${TRAFFIC_LIMIT:-240}" "$python" benchmarks/memory_traffic.py --device cuda --top 12 \
+        --output-json "$out/traffic.json" 2>>"$out/suite.log" | tee -a "$out/reports.md"
 fi
 echo "== done ($(date -u +%H:%M:%S))"

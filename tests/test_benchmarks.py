@@ -519,3 +519,20 @@ def test_op_count_counts_and_times_the_randaugment_of_a_batch() -> None:
         <= augmentation["operations_max"]
     )
     assert augmentation["images_per_s"] > 0
+
+
+def test_memory_traffic_sums_inductors_byte_counts_by_kernel_kind(capsys: pytest.CaptureFixture) -> None:
+    """One function iteration, batch 2: GEMMs, N x N attention kernels, layout copies and the rest each move bytes,
+    the floor is the total over the bandwidth, and the largest kernels are named with their shapes."""
+    module = load_script(REPO / "benchmarks" / "memory_traffic.py", "ni_memory_traffic")
+    common = ["--override", "num_function_iterations=1", "--dtype", "float32", "--top", "2"]
+    small = module.main(["--batch-size", "2", *common])
+    out = capsys.readouterr().out
+    kinds = small["kinds"]
+    assert set(kinds) == {"GEMM (extern)", "attention N x N", "elementwise / reduction", "layout copy"}
+    assert all(kind["bytes"] > 0 and kind["kernels"] > 0 for kind in kinds.values())
+    assert small["total_bytes"] == sum(kind["bytes"] for kind in kinds.values())
+    assert small["floor_ms"]["H200"] == pytest.approx(small["total_bytes"] / 4.8e12 * 1e3)
+    assert "largest attention N x N kernels" in out and "bmm (" in out
+    # the q.k^T product of 2 images x 5 functions x 4 heads, 67 x 128 by 128 x 67 (the reference's 128-wide heads)
+    assert "bmm (40, 67, 128) x (40, 128, 67)" in out

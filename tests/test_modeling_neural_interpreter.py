@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ni_hf
 from ni_hf import (
@@ -735,6 +736,33 @@ def test_positional_bias_breaks_patch_order_equivariance(tester):
     out = model(pixel_values=x).last_hidden_state[:, config.num_task_tokens :]
     out_perm = model(pixel_values=x[:, perm]).last_hidden_state[:, config.num_task_tokens :]
     assert not torch.allclose(out_perm, out[:, perm], atol=1e-4)
+
+
+class _CloneShapes(TorchDispatchMode):
+    """Records the shape of every tensor that aten.clone makes (a copy into another memory order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # torch's signature
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.clone:
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def test_eager_attention_multiplies_the_projected_heads_without_copying_them(tester):
+    """The eager formulation's q k^T and A v take the (B, U, H, N, .) heads as views (token-major projections):
+    no head-major copy of q, k or v (the GPU's compiled path; each was a full copy per function iteration). One LOC
+    per function, as in the paper's presets: a later LOC's input differs per function, and its heads are copied."""
+    config = tester.get_config(num_function_iterations=[1, 1], num_loc_layers=1)
+    model = NeuralInterpreterModel(config).eval()
+    model.set_attn_implementation("eager")
+    b, u, h = 2, config.num_functions, config.num_attention_heads
+    with torch.no_grad(), _CloneShapes() as clones:
+        model(pixel_values=torch.randn(b, config.num_patches, config.patch_dim))
+    assert not [shape for shape in clones.shapes if shape[:3] == (b, u, h)], clones.shapes
 
 
 def test_positional_bias_is_the_offset_tables_read_at_each_patch_pair(tester):

@@ -1155,17 +1155,25 @@ class LineOfCode(nn.Module):
         n = h.shape[-2]
         scale = 1.0 / math.sqrt(self.head_size)
 
+        implementation = attention_implementation(
+            self.config._attn_implementation, h.device, torch.compiler.is_compiling()
+        )
+        # The eager formulation's batched products take (B, U, H, N, .) views of a token-major (N, B, U, H, .)
+        # projection as they are (the batch dimensions B, U, H merge into one stride); a batch-major projection
+        # would be copied into head-major order first, q and k (128-wide heads) and v at every function iteration.
+        token_major = implementation == "eager" and h.dim() == 3
+
         def heads(projection: ModLin, factor: float = 1.0) -> torch.Tensor:
             """(B, U, H, N, .) for the U functions; `factor` is folded into the (U, out, in) weights."""
             weight = projection.function_weights(codes)
             if factor != 1.0:
                 weight = weight * factor
+            if token_major:
+                y = apply_function_weights(h.transpose(0, 1), weight, projection.function_bias(u), False)
+                return y.unflatten(-1, (self.num_heads, -1)).permute(1, 2, 3, 0, 4)
             y = apply_function_weights(h, weight, projection.function_bias(u), False)
             return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
-        implementation = attention_implementation(
-            self.config._attn_implementation, h.device, torch.compiler.is_compiling()
-        )
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         bias = None if position_bias is None else position_bias * scale
         gate = compatibilities.unsqueeze(-1)
