@@ -10,8 +10,9 @@ shapes (B 8, U x H = 5 x 4 heads, N 67, q/k head 128, value head 48 + 1), and pr
 difference from the same piece run eagerly on the same device, with the pattern-matcher rewrites inductor applied
 (by handler name). Then the two-iteration digits model (tau 1.99): the "sdpa" path as built
 (`EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = False`), as built with inductor's pattern matcher off, as built
-with the explicit-matmul attention (the CPU path) on CUDA too, and the model as shipped (the "eager" formulation
-while compiling on an accelerator).
+with the explicit-matmul attention (the CPU path) on CUDA too, the model as shipped (the "eager" formulation
+while compiling on an accelerator), and the model as shipped with memory_traffic.py's columns formulation of Eq. 6
+in place of the eager one (less memory traffic; not shipped unless it compiles exactly on CUDA).
 
 What it showed on the H200 (benchmarks/RESULTS.md, 2026-11-27): every piece alone compiles exactly; the model as
 built is off by 1.26-1.66 with the pattern matcher on (also with the explicit-matmul attention, so not SDPA) and
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from diagnose_compile import build_model  # this folder is on the path when the script runs
+from memory_traffic import modulated_attention_columns
 
 import ni_hf.modeling_neural_interpreter as modeling
 
@@ -190,6 +192,17 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             modeling.modulated_attention_sdpa_kernel = kernel_as_built
     compare("model, sdpa as shipped", model_logits, pixels)
+    # Eq. 6 as A @ [C v, C] in plain ops in place of the shipped eager formulation: 6% less memory traffic per
+    # training step (memory_traffic.py --attention columns), worth shipping only if it compiles exactly here.
+    # (The model is set to "eager" so that the CPU, which compiles "sdpa" as built, runs this row too.)
+    eager_formulation = modeling.ATTENTION_FUNCTIONS["eager"]
+    modeling.ATTENTION_FUNCTIONS["eager"] = modulated_attention_columns
+    model.config._attn_implementation = "eager"
+    try:
+        compare("model, eager with the columns formulation", model_logits, pixels)
+    finally:
+        modeling.ATTENTION_FUNCTIONS["eager"] = eager_formulation
+        model.config._attn_implementation = "sdpa"
     if not args.bisect:
         return
     # The model as built with one GPU-only inductor feature off at a time: the one whose absence makes it exact

@@ -2,7 +2,7 @@
 """Bytes a compiled training step of the digits preset moves through memory, by kind of kernel (inductor's count).
 
     PYTHONPATH=src python benchmarks/memory_traffic.py [--batch-size 128] [--device cpu] [--dtype bfloat16]
-        [--attention eager] [--token-alignment 8] [--override KEY=VALUE] [--top 15] [--output-json FILE]
+        [--attention eager|sdpa|columns] [--token-alignment 8] [--override KEY=VALUE] [--top 15] [--output-json FILE]
 
 At batch 128 a step of our model on a GPU is mostly memory-bound work: fused elementwise kernels, reductions and
 GEMMs on small matrices. inductor estimates, for every kernel it schedules, the bytes of the buffers the kernel reads
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+import ni_hf.modeling_neural_interpreter as modeling
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
 from ni_hf.modeling_neural_interpreter import patchify, set_token_alignment
 
@@ -104,6 +105,39 @@ def kernel_label(node: object) -> str:
     return f"{','.join(sorted(origins))} -> {' '.join(str(w) for w in writes)}"
 
 
+def modulated_attention_columns(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """Eq. 6 as softmax(q k^T + bias) @ [C_uj v_j, C_uj] and a division, in plain autograd ops (an experiment).
+
+    The model's "sdpa" formulation without SDPA or custom Functions: no N x N modulated weights, their sum or their
+    quotient, forward or backward. `--attention columns` runs it in place of the "eager" formulation to count what it
+    would save; the model does not ship it for compiled GPU runs because inductor compiled the model around that
+    structure wrongly on CUDA (benchmarks/RESULTS.md, 2026-11-27), which only a GPU can check.
+    """
+    if dropout > 0:
+        raise ValueError("the columns formulation has no attention dropout")
+    logits = query @ key.transpose(-1, -2)
+    if position_bias is not None:
+        logits = logits + position_bias
+    probs = torch.softmax(logits * scale, dim=-1)
+    c = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    b, u, h, n, dv = value.shape
+    numerator, total = (probs @ torch.cat([value * c, c.expand(b, u, h, n, 1)], dim=-1)).split(
+        [dv, 1], dim=-1
+    )
+    denominator = eps + c * total
+    nonzero = denominator > 0
+    return numerator * torch.where(nonzero, c / torch.where(nonzero, denominator, 1.0), 0.0)
+
+
 def count_training_step(
     config: NeuralInterpreterConfig,
     batch_size: int,
@@ -124,7 +158,7 @@ def count_training_step(
 
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config).to(device).train()
-    model.set_attn_implementation(attention)
+    model.set_attn_implementation("eager" if attention == "columns" else attention)
     set_token_alignment(model, token_alignment)
     images = torch.rand(batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1
     inputs = {
@@ -133,10 +167,16 @@ def count_training_step(
         "labels": torch.randint(0, config.num_labels, (batch_size,), device=device),
     }
     metrics.reset()
-    runner = torch.compile(model, dynamic=False)  # static sizes: the counts need concrete shapes
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-        loss = runner(**inputs).loss
-    loss.backward()
+    eager_formulation = modeling.ATTENTION_FUNCTIONS["eager"]
+    if attention == "columns":
+        modeling.ATTENTION_FUNCTIONS["eager"] = modulated_attention_columns
+    try:
+        runner = torch.compile(model, dynamic=False)  # static sizes: the counts need concrete shapes
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = runner(**inputs).loss
+        loss.backward()
+    finally:
+        modeling.ATTENTION_FUNCTIONS["eager"] = eager_formulation
     if not metrics.nodes_num_elem:
         raise RuntimeError(
             "inductor reported no per-kernel counts (is TORCH_LOGS overriding inductor_metrics?)"
@@ -167,8 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--attention",
         default="eager",
-        choices=["eager", "sdpa"],
-        help="Attention path; 'eager' is what a compiled model runs on a GPU (the sdpa path on the CPU differs).",
+        choices=["eager", "sdpa", "columns"],
+        help="Attention path; 'eager' is what a compiled model runs on a GPU (the sdpa path on the CPU differs); "
+        "'columns': the experiment `modulated_attention_columns` in place of the eager formulation.",
     )
     p.add_argument("--token-alignment", type=int, default=1, help="LineOfCode.token_alignment (e.g. 8).")
     p.add_argument(

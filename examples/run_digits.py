@@ -416,6 +416,14 @@ class DigitsTrainingArguments(TrainingArguments):
     logging_steps: float = field(
         default=50, metadata={"help": "Log the training loss every this many steps."}
     )
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace a NaN or inf training loss by the running mean in the logged loss (transformers' "
+            "default: true). False here: a NaN shows in the log instead of being averaged away, and the check, a "
+            "device-to-host sync at every step, no longer stalls a GPU."
+        },
+    )
     remove_unused_columns: bool = field(
         default=False,
         metadata={"help": "Must stay false: the images are preprocessed on the fly by a dataset transform."},

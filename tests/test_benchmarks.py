@@ -536,3 +536,32 @@ def test_memory_traffic_sums_inductors_byte_counts_by_kernel_kind(capsys: pytest
     assert "largest attention N x N kernels" in out and "bmm (" in out
     # the q.k^T product of 2 images x 5 functions x 4 heads, 67 x 128 by 128 x 67 (the reference's 128-wide heads)
     assert "bmm (40, 67, 128) x (40, 128, 67)" in out
+
+
+def test_the_columns_experiment_computes_eq6_as_the_eager_formulation_does() -> None:
+    """memory_traffic.py --attention columns counts softmax(q k^T + bias) @ [C v, C] / (eps + C total): the same
+    outputs and gradients as the model's eager formulation, with zero compatibilities and an all-zero query row."""
+    from ni_hf.modeling_neural_interpreter import modulated_attention_eager
+
+    module = load_script(REPO / "benchmarks" / "memory_traffic.py", "ni_memory_traffic")
+    torch.manual_seed(0)
+    b, u, h, n = 2, 3, 2, 7
+    query, key = (torch.randn(b, u, h, n, 5, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    value = torch.randn(b, u, h, n, 4, dtype=torch.float64, requires_grad=True)
+    compatibilities = torch.rand(u, b, n, dtype=torch.float64)
+    compatibilities[compatibilities < 0.3] = 0.0
+    compatibilities[:, 0, 2] = 0.0  # a token no function reads
+    compatibilities.requires_grad_(True)
+    bias = torch.randn(u, h, n, n, dtype=torch.float64, requires_grad=True)
+    inputs = (query, key, value, compatibilities, bias)
+    weights = torch.randn(b, u, h, n, 4, dtype=torch.float64)
+    results = []
+    for attention in (modulated_attention_eager, module.modulated_attention_columns):
+        out = attention(*inputs, scale=0.5, eps=1e-6, dropout=0.0)
+        results.append((out, torch.autograd.grad((out * weights).sum(), inputs)))
+    (eager, eager_grads), (columns, columns_grads) = results
+    torch.testing.assert_close(columns, eager)
+    for got, want in zip(columns_grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="dropout"):
+        module.modulated_attention_columns(*inputs, scale=0.5, eps=1e-6, dropout=0.1)

@@ -209,6 +209,7 @@ def test_paper_recipe_is_the_default():
     assert args.per_device_train_batch_size == 128 and args.num_train_epochs == 100
     assert args.do_train and args.do_eval and not args.remove_unused_columns
     assert args.label_names == ["labels", "task_ids"]
+    assert not args.logging_nan_inf_filter  # a NaN loss shows in the log; no per-step sync on a GPU
     assert data_args.randaugment
     assert run_digits.resolve_data_arguments(data_args) == ("hub", ["mnist", "mnistm", "svhn"])
     _, data_args, _ = run_digits.parse_arguments(["--output_dir", "x", "--dataset_source", "sklearn"])

@@ -190,6 +190,12 @@ def test_missing_local_checkpoint_is_named(
         script.check_model_path(str(tmp_path / "file"))
 
 
+def test_a_nan_loss_is_logged_as_nan(script: ModuleType) -> None:
+    """transformers' logging_nan_inf_filter would average a NaN loss away (and sync the GPU every step): off."""
+    _, args = script.parse_args(["--model_name_or_path", "m", "--output_dir", "unused"])
+    assert args.logging_nan_inf_filter is False
+
+
 @pytest.mark.parametrize(
     ("source_args", "error"),
     [

@@ -359,6 +359,7 @@ def test_phase_training_arguments_are_flagged(script: ModuleType) -> None:
     _, args = script.parse_args(["--output_dir", "unused"])
     assert script.ignored_training_arguments(args) == []
     assert args.max_grad_norm == 0.0 and args.remove_unused_columns is False and args.save_strategy == "no"
+    assert args.logging_nan_inf_filter is False  # a NaN loss shows in the log; no per-step sync on a GPU
     _, args = script.parse_args(
         ["--output_dir", "unused", "--learning_rate", "1e-3", "--lr_scheduler_type", "cosine"]
     )
