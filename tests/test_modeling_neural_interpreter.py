@@ -230,6 +230,21 @@ def test_token_aligned_attention_computes_eq6_and_its_gradients(with_bias, align
         torch.testing.assert_close(g_aligned, g_eager, atol=1e-5, rtol=1e-5)  # summed in another order
 
 
+def test_token_aligned_attention_takes_projections_of_padded_tokens():
+    """q, k, v projected from padded tokens (their padded rows arbitrary): Eq. 6 on the real tokens as unpadded."""
+    q, k, v, c, bias = _attention_inputs()
+    n, pad = c.shape[-1], -c.shape[-1] % 8
+    assert pad > 0
+    padded = [torch.cat([t, torch.randn(*t.shape[:-2], pad, t.shape[-1])], dim=-2) for t in (q, k, v)]
+    leaves = [t.requires_grad_() for t in (*padded, c, bias)]
+    out = modulated_attention_aligned(*padded, c, bias, scale=0.5, eps=1e-6, dropout=0.0, alignment=8)
+    expected = modulated_attention_eager(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    grads = torch.autograd.grad(out.square().sum(), leaves)
+    for grad in grads[:3]:  # the padded rows get no gradient: they do not reach the output
+        assert torch.isfinite(grad).all() and (grad[..., n:, :] == 0).all()
+
+
 def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monkeypatch):
     """The LOCs' `token_alignment` (a GPU layout experiment of the benchmark) leaves logits and gradients as they are."""
     import ni_hf.modeling_neural_interpreter as modeling
@@ -260,7 +275,10 @@ def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monk
             )
         )
     (logits, grads), (aligned_logits, aligned_grads) = results
-    assert token_counts and all(n % 8 for n in token_counts)  # every LOC ran it, on tokens that get padded
+    # every LOC ran it, on query rows projected from tokens padded to a multiple of 8 (67 -> 72 in the digits preset)
+    assert token_counts and all(
+        n % 8 == 0 and n > config.num_task_tokens + config.num_patches for n in token_counts
+    )
     with pytest.raises(ValueError, match="positive number of tokens"):
         modeling.set_token_alignment(model, 0)
     torch.testing.assert_close(aligned_logits, logits, atol=1e-5, rtol=1e-5)

@@ -560,14 +560,17 @@ def modulated_attention_aligned(
     A padded token has C = 0 and a logit of -inf as a key, so it gets no attention and, as a query, attends to nothing
     (its output row is dropped). The point is the layout: with 67 tokens every N x N product has a row length of
     134 bf16 bytes, which GPU GEMM kernels that need 16-byte aligned rows cannot take (benchmarks/RESULTS.md).
+    N is that of the compatibilities; query, key and value may come padded already (projected from padded tokens,
+    as the LOC does: padding its input costs less than padding the three projections).
     """
-    n = key.shape[-2]
+    n = compatibilities.shape[-1]
     pad = -n % alignment
     if pad == 0:
         return modulated_attention_eager(
             query, key, value, compatibilities, position_bias, scale, eps, dropout
         )
-    query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (query, key, value))
+    if key.shape[-2] == n:
+        query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (query, key, value))
     compatibilities = F.pad(compatibilities, (0, pad))
     mask = torch.zeros(n + pad, n + pad, dtype=query.dtype, device=query.device)
     mask[:, n:] = float("-inf")
@@ -1158,6 +1161,9 @@ class LineOfCode(nn.Module):
         implementation = attention_implementation(
             self.config._attn_implementation, h.device, torch.compiler.is_compiling()
         )
+        aligned = implementation == "eager" and self.token_alignment > 1
+        if aligned:  # project padded tokens (zeros; see modulated_attention_aligned)
+            h = F.pad(h, (0, 0, 0, -n % self.token_alignment))
         # The eager formulation's batched products take (B, U, H, N, .) views of a token-major (N, B, U, H, .)
         # projection as they are (the batch dimensions B, U, H merge into one stride); a batch-major projection
         # would be copied into head-major order first, q and k (128-wide heads) and v at every function iteration.
@@ -1207,7 +1213,7 @@ class LineOfCode(nn.Module):
             q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
             attention = ATTENTION_FUNCTIONS.get(implementation, modulated_attention_sdpa)
             kwargs = {"normalise": False} if columns else {}
-            if implementation == "eager" and self.token_alignment > 1:
+            if aligned:
                 attention, kwargs = modulated_attention_aligned, {"alignment": self.token_alignment}
             attended = attention(
                 q, k, v, compatibilities, bias, scale=1.0, eps=eps, dropout=dropout, **kwargs
