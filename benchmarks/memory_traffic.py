@@ -150,11 +150,9 @@ def count_training_step(
     from torch._inductor import config as inductor_config
     from torch._inductor import metrics
 
-    inductor_config.force_disable_caches = True
     metrics_logger = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
-    metrics_logger.setLevel(logging.INFO)  # count_bytes runs only when this logger is on
-    metrics_logger.propagate = False
-    metrics_logger.addHandler(logging.NullHandler())
+    logger_state = metrics_logger.level, metrics_logger.propagate
+    quiet = logging.NullHandler()
 
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config).to(device).train()
@@ -170,13 +168,21 @@ def count_training_step(
     eager_formulation = modeling.ATTENTION_FUNCTIONS["eager"]
     if attention == "columns":
         modeling.ATTENTION_FUNCTIONS["eager"] = modulated_attention_columns
+    metrics_logger.setLevel(logging.INFO)  # count_bytes runs only when this logger is on
+    metrics_logger.propagate = False
+    metrics_logger.addHandler(quiet)
     try:
-        runner = torch.compile(model, dynamic=False)  # static sizes: the counts need concrete shapes
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = runner(**inputs).loss
-        loss.backward()
+        # no cached graph: one restored from a cache carries no per-kernel counts
+        with inductor_config.patch(force_disable_caches=True):
+            runner = torch.compile(model, dynamic=False)  # static sizes: the counts need concrete shapes
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = runner(**inputs).loss
+            loss.backward()
     finally:
         modeling.ATTENTION_FUNCTIONS["eager"] = eager_formulation
+        metrics_logger.setLevel(logger_state[0])
+        metrics_logger.propagate = logger_state[1]
+        metrics_logger.removeHandler(quiet)
     if not metrics.nodes_num_elem:
         raise RuntimeError(
             "inductor reported no per-kernel counts (is TORCH_LOGS overriding inductor_metrics?)"

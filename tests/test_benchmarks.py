@@ -524,9 +524,18 @@ def test_op_count_counts_and_times_the_randaugment_of_a_batch() -> None:
 def test_memory_traffic_sums_inductors_byte_counts_by_kernel_kind(capsys: pytest.CaptureFixture) -> None:
     """One function iteration, batch 2: GEMMs, N x N attention kernels, layout copies and the rest each move bytes,
     the floor is the total over the bandwidth, and the largest kernels are named with their shapes."""
+    import logging
+
+    from torch._inductor import config as inductor_config
+
     module = load_script(REPO / "benchmarks" / "memory_traffic.py", "ni_memory_traffic")
     common = ["--override", "num_function_iterations=1", "--dtype", "float32", "--top", "2"]
+    caches_off = inductor_config.force_disable_caches
+    metrics_level = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics").level
     small = module.main(["--batch-size", "2", *common])
+    # the counts need fresh compiles and the metrics logger on, for this compile only (not the process's next ones)
+    assert inductor_config.force_disable_caches == caches_off
+    assert logging.getLogger("torch._inductor.compile_fx.__inductor_metrics").level == metrics_level
     out = capsys.readouterr().out
     kinds = small["kinds"]
     assert set(kinds) == {"GEMM (extern)", "attention N x N", "elementwise / reduction", "layout copy"}
