@@ -487,9 +487,8 @@ class RelativePositionalBias(nn.Module):
         # Gather G x G entries per axis and broadcast them over the other axis, rather than gather P x P = G^4: the
         # gather's backward scatters into the 2G-1 table rows, which on a GPU is G^2 times fewer colliding atomic adds.
         row_bias, col_bias = row_table[offsets], col_table[offsets]  # (G query, G key, H)
-        patch_bias = (
-            row_bias[:, None, :, None] + col_bias[None, :, None, :]
-        )  # (G, G, G, G, H): rq, cq, rk, ck
+        # (G, G, G, G, H) indexed by query row, query column, key row, key column
+        patch_bias = row_bias[:, None, :, None] + col_bias[None, :, None, :]
         patch_bias = patch_bias.reshape(g * g, g * g, -1).permute(2, 0, 1)  # (H, P, P), row-major patches
         function_bias = self.row_function_keys(codes) + self.col_function_keys(codes)  # (U, H)
         bias = patch_bias.unsqueeze(0) + function_bias[:, :, None, None]
