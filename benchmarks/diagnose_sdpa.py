@@ -11,8 +11,8 @@ difference from the same piece run eagerly on the same device, with the pattern-
 (by handler name). Then the two-iteration digits model (tau 1.99): the "sdpa" path as built
 (`EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = False`), as built with inductor's pattern matcher off, as built
 with the explicit-matmul attention (the CPU path) on CUDA too, the model as shipped (the "eager" formulation
-while compiling on an accelerator), and the model as shipped with memory_traffic.py's columns formulation of Eq. 6
-in place of the eager one (less memory traffic; not shipped unless it compiles exactly on CUDA).
+while compiling on an accelerator), and the model in its "eager" formulation with memory_traffic.py's columns
+formulation of Eq. 6 in its place (less memory traffic; not shipped unless it compiles exactly on CUDA).
 
 What it showed on the H200 (benchmarks/RESULTS.md, 2026-11-27): every piece alone compiles exactly; the model as
 built is off by 1.26-1.66 with the pattern matcher on (also with the explicit-matmul attention, so not SDPA) and
