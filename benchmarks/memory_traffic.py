@@ -124,18 +124,11 @@ def modulated_attention_columns(
     """
     if dropout > 0:
         raise ValueError("the columns formulation has no attention dropout")
-    logits = query @ key.transpose(-1, -2)
-    if position_bias is not None:
-        logits = logits + position_bias
-    probs = torch.softmax(logits * scale, dim=-1)
-    c = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
-    b, u, h, n, dv = value.shape
-    numerator, total = (probs @ torch.cat([value * c, c.expand(b, u, h, n, 1)], dim=-1)).split(
-        [dv, 1], dim=-1
-    )
-    denominator = eps + c * total
-    nonzero = denominator > 0
-    return numerator * torch.where(nonzero, c / torch.where(nonzero, denominator, 1.0), 0.0)
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    # the package's own pieces of that path, without its custom Function (_AttentionWithRecompute)
+    bias = position_bias if position_bias is None or scale == 1.0 else position_bias * scale
+    out = modeling._attention_probs(query, key, bias, scale) @ modeling._compatibility_columns(value, c_key)
+    return modeling._normalise_columns(out, c_key, eps)
 
 
 def count_training_step(
