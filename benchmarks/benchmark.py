@@ -53,13 +53,15 @@ from ni_hf.modeling_neural_interpreter import (
     enable_activation_checkpointing,
     patchify,
     release_workspace,
+    set_fused_attention,
     set_token_alignment,
 )
 
-MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit", "ni-eager-aligned")
+MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit", "ni-eager-aligned", "ni-fused")
 """Benchmarked models: our model with SDPA / eager attention, transformers' ViT baseline, and (asked for by name
 only) eager attention with the tokens padded to a multiple of 8 (`LineOfCode.token_alignment`: aligned GEMM rows on
-a GPU; the FLOPs reported are the unpadded model's)."""
+a GPU) and the eager model with Eq. 6 through SDPA's fused kernels (`LineOfCode.fused_attention`); the FLOPs
+reported for those two are the unpadded eager model's."""
 DEFAULT_MODELS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit")
 
 MODES: tuple[str, ...] = ("inference", "training")
@@ -280,9 +282,11 @@ def build_model(key: str, args: argparse.Namespace, attn_implementation: str | N
     torch.manual_seed(args.seed)
     if is_ni(key):
         model: nn.Module = NeuralInterpreterForImageClassification(ni_config(args))
-        impl = attn_implementation or key.split("-")[1]
+        impl = attn_implementation or ("eager" if key == "ni-fused" else key.split("-")[1])
         if key == "ni-eager-aligned":
             set_token_alignment(model, 8)
+        if key == "ni-fused":
+            set_fused_attention(model)
     else:
         model = ViTForImageClassification(vit_baseline_config())
         impl = attn_implementation or "sdpa"
@@ -1076,10 +1080,13 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     for key in args.models:
         _log(args, f"counting FLOPs of {key}")
         with _quiet_transformers():
-            # The model's FLOPs (the aligned variant's padding is not the model's work); "as run" counts it.
-            model_key = "ni-eager" if key == "ni-eager-aligned" else key
+            # The model's FLOPs (the padding of the aligned and fused variants is not the model's work); "as run"
+            # counts it.
+            model_key = "ni-eager" if key in ("ni-eager-aligned", "ni-fused") else key
             forward = count_flops(model_key, args, "eager")
-            as_run_attention = {"ni-eager": None, "ni-eager-aligned": "eager"}.get(key, "sdpa")
+            as_run_attention = {"ni-eager": None, "ni-eager-aligned": "eager", "ni-fused": "eager"}.get(
+                key, "sdpa"
+            )
             as_run = forward if as_run_attention is None else count_flops(key, args, as_run_attention)
             training = (
                 None if args.no_training_flop_count else count_flops(model_key, args, "eager", backward=True)

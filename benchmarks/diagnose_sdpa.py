@@ -11,8 +11,10 @@ difference from the same piece run eagerly on the same device, with the pattern-
 (by handler name). Then the two-iteration digits model (tau 1.99): the "sdpa" path as built
 (`EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = False`), as built with inductor's pattern matcher off, as built
 with the explicit-matmul attention (the CPU path) on CUDA too, the model as shipped (the "eager" formulation
-while compiling on an accelerator), and the model in its "eager" formulation with memory_traffic.py's columns
-formulation of Eq. 6 in its place (less memory traffic; not shipped unless it compiles exactly on CUDA).
+while compiling on an accelerator), the model in its "eager" formulation with memory_traffic.py's columns
+formulation of Eq. 6 in its place (less memory traffic; not shipped unless it compiles exactly on CUDA), and the
+"eager" model with `LineOfCode.fused_attention` (Eq. 6 through SDPA's fused kernels on keys and columns padded to 8,
+the division in plain ops; the benchmark's ni-fused model).
 
 What it showed on the H200 (benchmarks/RESULTS.md, 2026-11-27): every piece alone compiles exactly; the model as
 built is off by 1.26-1.66 with the pattern matcher on (also with the explicit-matmul attention, so not SDPA) and
@@ -202,6 +204,15 @@ def main(argv: list[str] | None = None) -> None:
         compare("model, eager with the columns formulation", model_logits, pixels)
     finally:
         modeling.ATTENTION_FUNCTIONS["eager"] = eager_formulation
+        model.config._attn_implementation = "sdpa"
+    # SDPA's fused kernels on padded keys and columns in the eager model (no custom Function around the attention):
+    # the N x N weights never reach memory, if it compiles exactly here.
+    model.config._attn_implementation = "eager"
+    modeling.set_fused_attention(model)
+    try:
+        compare("model, eager with the fused formulation (SDPA, padded)", model_logits, pixels)
+    finally:
+        modeling.set_fused_attention(model, False)
         model.config._attn_implementation = "sdpa"
     if not args.bisect:
         return

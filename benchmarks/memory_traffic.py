@@ -2,7 +2,7 @@
 """Bytes a compiled training step of the digits preset moves through memory, by kind of kernel (inductor's count).
 
     PYTHONPATH=src python benchmarks/memory_traffic.py [--batch-size 128] [--device cpu] [--dtype bfloat16]
-        [--attention eager|sdpa|columns] [--token-alignment 8] [--override KEY=VALUE] [--top 15] [--output-json FILE]
+        [--attention eager|sdpa|columns|fused] [--token-alignment 8] [--override KEY=VALUE] [--top 15] [--output-json FILE]
 
 At batch 128 a step of our model on a GPU is mostly memory-bound work: fused elementwise kernels, reductions and
 GEMMs on small matrices. inductor estimates, for every kernel it schedules, the bytes of the buffers the kernel reads
@@ -32,7 +32,7 @@ import torch
 
 import ni_hf.modeling_neural_interpreter as modeling
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
-from ni_hf.modeling_neural_interpreter import patchify, set_token_alignment
+from ni_hf.modeling_neural_interpreter import patchify, set_fused_attention, set_token_alignment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import parse_overrides  # noqa: E402  (benchmarks/ is not a package)
@@ -70,7 +70,8 @@ def kernel_kind(node: object, token_counts: set[int]) -> str:
     """The kind of an inductor scheduler node: a GEMM inductor calls out to, a layout copy, a kernel that reads or
     writes an N x N attention tensor (N in ``token_counts``: the tokens, and the padded tokens), or other work."""
     if type(node).__name__ == "ExternKernelSchedulerNode":
-        return "GEMM (extern)"
+        # SDPA's fused kernels (`--attention fused` on a GPU) are extern calls too; their N x N tiles stay on chip
+        return "fused attention (extern)" if "attention" in kernel_label(node) else "GEMM (extern)"
     if set(kernel_label(node).split(" -> ")[0].split(",")) <= LAYOUT_OPERATIONS:
         return "layout copy"
     for dep in list(node.read_writes.reads) + list(node.read_writes.writes):
@@ -149,8 +150,9 @@ def count_training_step(
 
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config).to(device).train()
-    model.set_attn_implementation("eager" if attention == "columns" else attention)
+    model.set_attn_implementation("eager" if attention in ("columns", "fused") else attention)
     set_token_alignment(model, token_alignment)
+    set_fused_attention(model, attention == "fused")
     images = torch.rand(batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1
     inputs = {
         "pixel_values": patchify(images, config.patch_size),
@@ -181,7 +183,10 @@ def count_training_step(
             "inductor reported no per-kernel counts (is TORCH_LOGS overriding inductor_metrics?)"
         )
     tokens = config.num_task_tokens + config.num_patches
+    # the padded counts: of the aligned tokens, and of the keys of the fused formulation (8)
     token_counts = {tokens, -(-tokens // token_alignment) * token_alignment}
+    if attention == "fused":
+        token_counts.add(-(-tokens // 8) * 8)
     kinds: dict[str, KernelTraffic] = {}
     for node, elements in metrics.nodes_num_elem:
         kind = kernel_kind(node, token_counts)
@@ -206,9 +211,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--attention",
         default="eager",
-        choices=["eager", "sdpa", "columns"],
+        choices=["eager", "sdpa", "columns", "fused"],
         help="Attention path; 'eager' is what a compiled model runs on a GPU (the sdpa path on the CPU differs); "
-        "'columns': the experiment `modulated_attention_columns` in place of the eager formulation.",
+        "'columns': the experiment `modulated_attention_columns` in place of the eager formulation; 'fused': "
+        "the eager model with `LineOfCode.fused_attention` (SDPA's fused kernels; only a GPU count means much).",
     )
     p.add_argument("--token-alignment", type=int, default=1, help="LineOfCode.token_alignment (e.g. 8).")
     p.add_argument(

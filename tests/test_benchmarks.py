@@ -277,6 +277,24 @@ def test_the_token_aligned_model_is_asked_for_by_name_and_counts_the_models_flop
     assert padded > bench.count_flops("ni-eager", args, "eager")  # 67 tokens padded to 72
 
 
+def test_the_fused_attention_model_is_asked_for_by_name_and_counts_the_models_flops(
+    bench: ModuleType,
+) -> None:
+    """ni-fused: the eager model with Eq. 6 through SDPA on padded keys and columns; its FLOPs are the model's."""
+    from ni_hf.modeling_neural_interpreter import LineOfCode
+
+    assert "ni-fused" not in bench.parse_args([]).models
+    args = bench.parse_args(["--models", "ni-fused", "--override", "num_function_iterations=1"])
+    model = bench.build_model("ni-fused", args)
+    locs = [m for m in model.modules() if isinstance(m, LineOfCode)]
+    assert locs and all(loc.fused_attention for loc in locs) and model.config._attn_implementation == "eager"
+    assert not any(
+        m.fused_attention for m in bench.build_model("ni-eager", args).modules() if isinstance(m, LineOfCode)
+    )
+    # SDPA's FLOPs on 72 padded keys and 56 columns: more than the model's, which is what the report names
+    assert bench.count_flops("ni-fused", args, "eager") > bench.count_flops("ni-eager", args, "eager")
+
+
 def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(bench: ModuleType) -> None:
     """Under CUDA graphs the pool is allocated while recording, so one replayed step's growth is not a peak."""
     assert bench.uses_cuda_graphs(bench.parse_args(["--cuda-graphs"]))
@@ -545,6 +563,19 @@ def test_memory_traffic_sums_inductors_byte_counts_by_kernel_kind(capsys: pytest
     assert "largest attention N x N kernels" in out and "bmm (" in out
     # the q.k^T product of 2 images x 5 functions x 4 heads, 67 x 128 by 128 x 67 (the reference's 128-wide heads)
     assert "bmm (40, 67, 128) x (40, 128, 67)" in out
+
+
+def test_memory_traffic_tells_fused_attention_calls_from_gemms() -> None:
+    """An extern SDPA kernel (`--attention fused` on a GPU) is its own kind, not a GEMM: its N x N stays on chip."""
+    module = load_script(REPO / "benchmarks" / "memory_traffic.py", "ni_memory_traffic")
+
+    class ExternKernelSchedulerNode:  # named as inductor's: kernel_kind reads the type's name
+        def __init__(self, kernel: str) -> None:
+            self.node = type("Node", (), {"python_kernel_name": kernel, "inputs": ()})()
+
+    efficient = ExternKernelSchedulerNode("torch.ops.aten._scaled_dot_product_efficient_attention.default")
+    assert module.kernel_kind(efficient, {67}) == "fused attention (extern)"
+    assert module.kernel_kind(ExternKernelSchedulerNode("extern_kernels.bmm"), {67}) == "GEMM (extern)"
 
 
 def test_the_columns_experiment_computes_eq6_as_the_eager_formulation_does() -> None:

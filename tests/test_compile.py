@@ -97,10 +97,51 @@ def test_cuda_float32_matches_cpu_in_outputs_and_gradients():
         )
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_attention_runs_sdpas_memory_efficient_kernel_on_gpu(dtype):
+    """`set_fused_attention` pads keys and columns so that the memory-efficient kernel takes them (forced here: a
+    refusal raises), bias gradient included; outputs and gradients as the unfused eager formulation's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ni_hf.modeling_neural_interpreter import set_fused_attention
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _untruncated_digits_model(attn_implementation="eager").cuda().train()
+    inputs = {
+        "pixel_values": torch.randn(8, 3, 32, 32, device="cuda"),
+        "labels": torch.randint(0, 10, (8,), device="cuda"),
+    }
+    results = []
+    for fused in (False, True):
+        set_fused_attention(model, fused)
+        model.zero_grad()
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), torch.autocast("cuda", dtype=dtype):
+            loss = model(**inputs).loss
+        loss.backward()
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.detach().float(), grads))
+    (loss, grads), (fused_loss, fused_grads) = results
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fused_loss, loss, atol=tolerance, rtol=tolerance)
+    assert fused_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        cosine = F.cosine_similarity(fused_grads[name].flatten(), grad.flatten(), dim=0, eps=1e-12)
+        assert cosine > (0.9999 if dtype == torch.float32 else 0.98) or grad.norm() < 1e-6, (
+            name,
+            cosine.item(),
+        )
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (inductor + bf16 autocast)")
-def test_compiled_bf16_training_step_matches_eager_on_gpu():
-    """Inductor's forward and backward under bf16 autocast: the loss and every gradient agree with eager."""
-    model = _untruncated_digits_model().cuda().train()
+@pytest.mark.parametrize("fused", [False, True], ids=["as-shipped", "fused-attention"])
+def test_compiled_bf16_training_step_matches_eager_on_gpu(fused):
+    """Inductor's forward and backward under bf16 autocast: the loss and every gradient agree with eager (the model
+    as shipped, and with `set_fused_attention`, the GPU experiment that keeps Eq. 6's N x N weights on chip)."""
+    from ni_hf.modeling_neural_interpreter import set_fused_attention
+
+    model = _untruncated_digits_model(**({"attn_implementation": "eager"} if fused else {})).cuda().train()
+    set_fused_attention(model, fused)
     inputs = {
         "pixel_values": torch.randn(16, 3, 32, 32, device="cuda"),
         "labels": torch.randint(0, 10, (16,), device="cuda"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from ni_hf.modeling_neural_interpreter import (
     modulated_attention_aligned,
     modulated_attention_bilinear,
     modulated_attention_eager,
+    modulated_attention_fused,
     modulated_attention_matmul,
     modulated_attention_sdpa,
     modulated_attention_sdpa_kernel,
@@ -284,6 +286,77 @@ def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monk
     torch.testing.assert_close(aligned_logits, logits, atol=1e-5, rtol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(aligned_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(
+    "n, dv", [(6, 5), (8, 7), (5, 9)]
+)  # keys and columns padded, neither, both by 3 and 6
+def test_fused_attention_computes_eq6_and_its_gradients(with_bias, n, dv):
+    """SDPA on keys and [C v, C] columns padded to multiples of 8: Eq. 6 and its gradients, bias included."""
+    q, k, _, c, bias = _attention_inputs(n=n)
+    v = torch.randn(*k.shape[:-1], dv)
+    leaves = [t.double().requires_grad_() for t in (q, k, v, c, bias)]
+    q, k, v, c, bias = leaves
+    bias = bias if with_bias else None
+    calls = []
+
+    def recording_sdpa(query, key, value, attn_mask=None, **kwargs):
+        calls.append((key.shape[-2], value.shape[-1]))
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa):
+        out = modulated_attention_fused(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    assert calls == [(-(-n // 8) * 8, -(-(dv + 1) // 8) * 8)]
+    expected = modulated_attention_eager(q, k, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-10)
+    used = leaves if with_bias else leaves[:4]
+    grads = torch.autograd.grad(out.square().sum(), used)
+    expected_grads = torch.autograd.grad(expected.square().sum(), used)
+    for name, grad, expected_grad in zip("qkvcb", grads, expected_grads, strict=False):
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad, expected_grad, atol=1e-10, rtol=1e-8, msg=name)
+
+
+def test_a_model_with_fused_attention_computes_the_same_function(tester, monkeypatch):
+    """`set_fused_attention` (a GPU experiment of the benchmark) routes every LOC through SDPA; same function."""
+    import ni_hf.modeling_neural_interpreter as modeling
+
+    config = tester.get_config(truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    model.set_attn_implementation("eager")
+    modeling.set_token_alignment(model, 8)  # the fused formulation pads only its keys and columns
+    inputs = tester.prepare_inputs(config)
+    calls = []
+    fused = modeling.modulated_attention_fused
+
+    def recording(query, *args, **kwargs):
+        calls.append(query.shape[-2])
+        return fused(query, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "modulated_attention_fused", recording)
+    results = []
+    for enabled in (False, True):
+        modeling.set_fused_attention(model, enabled)
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        results.append(
+            (
+                out.logits.detach(),
+                {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            )
+        )
+    # every LOC call (LOCs x function iterations) ran it, on the unpadded tokens
+    loc_calls = config.num_loc_layers * sum(config.num_function_iterations)
+    assert len(calls) == loc_calls and set(calls) == {config.num_task_tokens + config.num_patches}
+    (logits, grads), (fused_logits, fused_grads) = results
+    torch.testing.assert_close(fused_logits, logits, atol=1e-5, rtol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_matmul_path_reads_strided_query_and_key_views():

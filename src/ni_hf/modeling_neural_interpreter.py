@@ -578,6 +578,50 @@ def modulated_attention_aligned(
     return out[..., :n, :]
 
 
+def modulated_attention_fused(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+    alignment: int = 8,
+) -> torch.Tensor:
+    """Eq. 6 as SDPA(q, k, [C_uj v_j, C_uj]) over its last column, with keys and columns padded for fused GPU kernels.
+
+    The experiment of `LineOfCode.fused_attention`: CUDA's memory-efficient SDPA kernel keeps the N x N weights on
+    chip (the largest share of a compiled step's memory traffic otherwise, benchmarks/RESULTS.md) but takes key
+    counts and head sizes in multiples of 8 only, and the model's are 67 keys and 48 + 1 columns. Padded keys get
+    C = 0 and a logit of -inf; padded columns are zeros and are cut from the output. The division is plain ops
+    (the "sdpa" path's custom Function around it is what inductor compiled wrongly on CUDA). Without dropout the
+    same function as `modulated_attention_eager` (dropout acts on A, as in "sdpa"); query/key/value are
+    (B, U, H, N, .), compatibilities (U, B, N).
+    """
+    b, u, h, n, dv = value.shape
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    pad_keys, pad_columns = -n % alignment, -(dv + 1) % alignment
+    columns = F.pad(_compatibility_columns(value, c_key), (0, pad_columns, 0, pad_keys))
+    key = F.pad(key, (0, 0, 0, pad_keys))
+    mask = None
+    if position_bias is not None:
+        mask = (position_bias * scale).to(query.dtype).flatten(0, 1)  # (U * H, N, N), broadcast over B
+    if pad_keys:
+        if mask is None:
+            mask = query.new_zeros(1, n, n)
+        mask = F.pad(mask, (0, pad_keys), value=float("-inf"))
+    out = F.scaled_dot_product_attention(
+        query.flatten(1, 2),
+        key.flatten(1, 2),
+        columns.flatten(1, 2),
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scale,
+    ).unflatten(1, (u, h))
+    return _normalise_columns(out[..., : dv + 1], c_key, eps)
+
+
 def _compatibility_columns(value: torch.Tensor, c_key: torch.Tensor, transient: bool = False) -> torch.Tensor:
     """[C_uj v_j, C_uj] (B, U, H, N, dv + 1): values scaled by the key compatibilities, plus C_uj as a column.
 
@@ -767,6 +811,16 @@ def set_token_alignment(model: nn.Module, alignment: int) -> None:
     for module in model.modules():
         if isinstance(module, LineOfCode):
             module.token_alignment = alignment
+
+
+def set_fused_attention(model: nn.Module, enabled: bool = True) -> None:
+    """Run every LOC's "eager" attention through `modulated_attention_fused` (SDPA's fused kernels); same function.
+
+    Takes precedence over `set_token_alignment`, which pads the tokens for the unfused formulation.
+    """
+    for module in model.modules():
+        if isinstance(module, LineOfCode):
+            module.fused_attention = enabled
 
 
 def release_workspace() -> None:
@@ -1138,6 +1192,9 @@ class LineOfCode(nn.Module):
         # Pad the tokens of the "eager" formulation to a multiple of this (1: no padding); an experiment for GPU
         # GEMM alignment that benchmarks/benchmark.py's "ni-eager-aligned" model turns on, not a config field.
         self.token_alignment = 1
+        # Run the "eager" formulation's Eq. 6 through `modulated_attention_fused` (SDPA's fused GPU kernels) instead;
+        # an experiment for compiled GPU training that benchmarks/benchmark.py's "ni-fused" model turns on.
+        self.fused_attention = False
 
     def forward(
         self,
@@ -1160,7 +1217,8 @@ class LineOfCode(nn.Module):
         implementation = attention_implementation(
             self.config._attn_implementation, h.device, torch.compiler.is_compiling()
         )
-        aligned = implementation == "eager" and self.token_alignment > 1
+        fused = implementation == "eager" and self.fused_attention
+        aligned = implementation == "eager" and self.token_alignment > 1 and not fused
         if aligned:  # project padded tokens (zeros; see modulated_attention_aligned)
             h = F.pad(h, (0, 0, 0, -n % self.token_alignment))
         # The eager formulation's batched products take (B, U, H, N, .) views of a token-major (N, B, U, H, .)
@@ -1214,6 +1272,8 @@ class LineOfCode(nn.Module):
             kwargs = {"normalise": False} if columns else {}
             if aligned:
                 attention, kwargs = modulated_attention_aligned, {"alignment": self.token_alignment}
+            elif fused:
+                attention = modulated_attention_fused
             attended = attention(
                 q, k, v, compatibilities, bias, scale=1.0, eps=eps, dropout=dropout, **kwargs
             )
