@@ -605,3 +605,19 @@ def test_the_columns_experiment_computes_eq6_as_the_eager_formulation_does() -> 
         torch.testing.assert_close(got, want)
     with pytest.raises(ValueError, match="dropout"):
         module.modulated_attention_columns(*inputs, scale=0.5, eps=1e-6, dropout=0.1)
+
+
+def test_input_pipeline_times_run_digits_transform_with_and_without_randaugment(tmp_path: Path) -> None:
+    """One worker's share of the digits input pipeline, on the embedded 8x8 digits: both pipelines deliver whole
+    batches, RandAugment costs time, and the step rate asks for at least one worker."""
+    module = load_script(REPO / "benchmarks" / "input_pipeline.py", "ni_input_pipeline")
+    out = tmp_path / "pipeline.json"
+    args = ["--source", "sklearn", "--batch-size", "32", "--batches", "5", "--warmup", "1"]
+    report = module.main([*args, "--step-rate", "100000", "--output-json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    plain, augmented = report["pipelines"]["no RandAugment"], report["pipelines"]["RandAugment"]
+    assert 0 < augmented["images_per_second"] < plain["images_per_second"]
+    for pipeline in (plain, augmented):
+        assert pipeline["workers_for_step_rate"] == -(-100000 // pipeline["images_per_second"])
+    with pytest.raises(ValueError, match="fewer --batches"):
+        module.main(["--source", "sklearn", "--batch-size", "512", "--batches", "3"])
