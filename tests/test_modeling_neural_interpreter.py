@@ -247,35 +247,46 @@ def test_token_aligned_attention_takes_projections_of_padded_tokens():
         assert torch.isfinite(grad).all() and (grad[..., n:, :] == 0).all()
 
 
-def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monkeypatch):
-    """The LOCs' `token_alignment` (a GPU layout experiment of the benchmark) leaves logits and gradients as they are."""
+def _eager_model_and_inputs(tester):
     import ni_hf.modeling_neural_interpreter as modeling
 
     config = tester.get_config(truncation_tau=0.9)
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config).eval()
     model.set_attn_implementation("eager")
-    inputs = tester.prepare_inputs(config)
-    token_counts = []
-    aligned_attention = modeling.modulated_attention_aligned
+    return modeling, config, model, tester.prepare_inputs(config)
+
+
+def _record_query_tokens(monkeypatch, module, name: str) -> list[int]:
+    """Wrap ``module.<name>`` (an attention function) to record the token count of every call's query."""
+    counts, function = [], getattr(module, name)
 
     def recording(query, *args, **kwargs):
-        token_counts.append(query.shape[-2])
-        return aligned_attention(query, *args, **kwargs)
+        counts.append(query.shape[-2])
+        return function(query, *args, **kwargs)
 
-    monkeypatch.setattr(modeling, "modulated_attention_aligned", recording)
+    monkeypatch.setattr(module, name, recording)
+    return counts
+
+
+def _logits_and_grads_per_setting(model, inputs, apply_setting, settings):
+    """The model's logits and parameter gradients once per setting, `apply_setting(model, setting)` first."""
     results = []
-    for alignment in (1, 8):
-        modeling.set_token_alignment(model, alignment)
+    for setting in settings:
+        apply_setting(model, setting)
         model.zero_grad()
         out = model(**inputs)
         out.loss.backward()
-        results.append(
-            (
-                out.logits.detach(),
-                {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-            )
-        )
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((out.logits.detach(), grads))
+    return results
+
+
+def test_a_model_with_token_aligned_locs_computes_the_same_function(tester, monkeypatch):
+    """The LOCs' `token_alignment` (a GPU layout experiment of the benchmark) leaves logits and gradients as they are."""
+    modeling, config, model, inputs = _eager_model_and_inputs(tester)
+    token_counts = _record_query_tokens(monkeypatch, modeling, "modulated_attention_aligned")
+    results = _logits_and_grads_per_setting(model, inputs, modeling.set_token_alignment, (1, 8))
     (logits, grads), (aligned_logits, aligned_grads) = results
     # every LOC ran it, on query rows projected from tokens padded to a multiple of 8 (67 -> 72 in the digits preset)
     assert token_counts and all(
@@ -322,37 +333,16 @@ def test_fused_attention_computes_eq6_and_its_gradients(with_bias, n, dv):
 
 def test_a_model_with_fused_attention_computes_the_same_function(tester, monkeypatch):
     """`set_fused_attention` (a GPU experiment of the benchmark) routes every LOC through SDPA; same function."""
-    import ni_hf.modeling_neural_interpreter as modeling
-
-    config = tester.get_config(truncation_tau=0.9)
-    torch.manual_seed(0)
-    model = NeuralInterpreterForImageClassification(config).eval()
-    model.set_attn_implementation("eager")
-    modeling.set_token_alignment(model, 8)  # the fused formulation pads only its keys and columns
-    inputs = tester.prepare_inputs(config)
-    calls = []
-    fused = modeling.modulated_attention_fused
-
-    def recording(query, *args, **kwargs):
-        calls.append(query.shape[-2])
-        return fused(query, *args, **kwargs)
-
-    monkeypatch.setattr(modeling, "modulated_attention_fused", recording)
-    results = []
-    for enabled in (False, True):
-        modeling.set_fused_attention(model, enabled)
-        model.zero_grad()
-        out = model(**inputs)
-        out.loss.backward()
-        results.append(
-            (
-                out.logits.detach(),
-                {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-            )
-        )
-    # every LOC call (LOCs x function iterations) ran it, on the unpadded tokens
-    loc_calls = config.num_loc_layers * sum(config.num_function_iterations)
-    assert len(calls) == loc_calls and set(calls) == {config.num_task_tokens + config.num_patches}
+    modeling, config, model, inputs = _eager_model_and_inputs(tester)
+    calls = _record_query_tokens(monkeypatch, modeling, "modulated_attention_fused")
+    results = _logits_and_grads_per_setting(model, inputs, modeling.set_fused_attention, (False, True))
+    # every LOC call (LOCs x function iterations) ran it
+    assert len(calls) == config.num_loc_layers * sum(config.num_function_iterations)
+    modeling.set_token_alignment(
+        model, 8
+    )  # the fused formulation pads only its keys and columns, not the tokens
+    model(**inputs)
+    assert set(calls) == {config.num_task_tokens + config.num_patches}
     (logits, grads), (fused_logits, fused_grads) = results
     torch.testing.assert_close(fused_logits, logits, atol=1e-5, rtol=1e-5)
     for name, grad in grads.items():
