@@ -226,8 +226,9 @@ def test_protocol_deviations_name_every_change_to_the_papers_protocol(script: Mo
     results = {"protocol": {**exp.resolved()}, "arguments": dataclasses.asdict(exp), "model_changes": {}}
     assert script.protocol_deviations(results) == []
     exp, _ = script.parse_args(
-        ["--output_dir", "unused", "--batch_size", "256", "--adapt_pretrained_learning_rate", "0.006"]
-    )
+        ["--output_dir", "unused", "--batch_size", "256", "--adapt_pretrained_learning_rate", "0.006",
+         "--adapt_head_learning_rate", "0.001"]
+    )  # fmt: skip
     results = {
         "protocol": exp.resolved(),
         "arguments": dataclasses.asdict(exp),
@@ -236,6 +237,7 @@ def test_protocol_deviations_name_every_change_to_the_papers_protocol(script: Mo
     assert script.protocol_deviations(results) == [
         "batch_size 256 (paper: 128)",
         "adapt_pretrained_learning_rate 0.006 (paper: not set)",
+        "adapt_head_learning_rate 0.001 (paper: not set)",
         "model {'outer_residual': True} (paper: the fuzzy_boolean preset)",
     ]
 
@@ -611,6 +613,58 @@ def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_ow
     with pytest.raises(ValueError, match="--weight_decay 0.01 would be ignored"):
         script.main(
             ["--protocol", "quick", "--adapt_pretrained_learning_rate", "6e-3", "--weight_decay", "0.01",
+             "--output_dir", str(tmp_path / "refused")]
+        )  # fmt: skip
+
+
+def test_adapt_head_learning_rate_gives_the_regression_head_its_own_rate(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """--adapt_head_learning_rate: in the 'all' setting the regression head gets a third RAdam group; the other
+    pre-trained parameters keep the tokens' rate unless --adapt_pretrained_learning_rate is given too."""
+    config = NeuralInterpreterConfig.from_paper(
+        "fuzzy_boolean", hidden_size=16, code_dim=16, attention_head_size=8, type_inference_hidden_size=16,
+        task_names=["a", "b", "c"],
+    )  # fmt: skip
+    model = NeuralInterpreterForSetRegression(config)
+    script.set_adaptation_trainable(model, "all")
+    head = {id(p) for p in model.regressor.parameters()}
+    groups = script.adaptation_param_groups(model, 5e-2, None, 6e-3)
+    assert [group["lr"] for group in groups] == [5e-2, 5e-2, 6e-3]
+    assert {id(p) for p in groups[2]["params"]} == head
+    assert not head & {id(p) for p in groups[1]["params"]}
+    grouped = [id(p) for group in groups for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+    assert [g["lr"] for g in script.adaptation_param_groups(model, 5e-2, 1e-2, 6e-3)] == [5e-2, 1e-2, 6e-3]
+    assert script.describe_other_rates({"adapt_head_learning_rate": 6e-3}) == " (regression head 0.006)"
+    assert script.describe_other_rates({"adapt_pretrained_learning_rate": None}) == ""
+    # Settings that leave the head frozen have no head group.
+    script.set_adaptation_trainable(model, "type_inference")
+    assert [g["lr"] for g in script.adaptation_param_groups(model, 5e-2, None, 6e-3)] == [5e-2, 5e-2]
+
+    script.set_adaptation_trainable(model, "all")
+    x, y = torch.rand(8, 5), torch.rand(8, 3)
+    dataset = script.TensorBatchDataset(x, y)
+    args = script.TrainingArguments(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8, max_steps=1,
+        lr_scheduler_type="constant", max_grad_norm=0.0, save_strategy="no", remove_unused_columns=False,
+    )  # fmt: skip
+    groups = script.adaptation_param_groups(model, 5e-2, None, 6e-3)
+    trainer, _ = script.make_trainer(model, args, dataset, dataset, 5e-2, param_groups=groups)
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.train()
+    model.zero_grad()
+    trainer.compute_loss(model, {"inputs": x, "labels": y}).backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    trainer.train()
+    for name, param in model.named_parameters():
+        if name in before:
+            rate = 6e-3 if name.startswith("regressor.") else 5e-2
+            torch.testing.assert_close(param.detach(), before[name] - rate * grads[name], msg=name)
+    with pytest.raises(ValueError, match="--adapt_head_learning_rate builds its own RAdam parameter groups"):
+        script.main(
+            ["--protocol", "quick", "--adapt_head_learning_rate", "6e-3", "--weight_decay", "0.01",
              "--output_dir", str(tmp_path / "refused")]
         )  # fmt: skip
 
