@@ -283,6 +283,15 @@ class FuzzyBooleanArguments:
             "--pretrain_max_steps / --adapt_max_steps. Paper: silent; default: all functions."
         },
     )
+    monitor_set_norm: bool = field(
+        default=False,
+        metadata={
+            "help": "At every logging step, measure on 256 test points how large the set is after each function "
+            "iteration (RMS token norm) and which share of it depends on the input; logged and saved per phase in "
+            "fuzzy_boolean_results.json (`set_norm`). A collapse to a constant prediction shows as the norm "
+            "exploding while the share falls towards 0 (see examples/README.md). Does not change the training."
+        },
+    )
     settings: str = field(
         default="cls_tokens,type_inference,all",
         metadata={
@@ -545,6 +554,58 @@ class StepTimer(TrainerCallback):
         }
 
 
+class SetNormMonitor(TrainerCallback):
+    """At every logging step: the set's size after each function iteration, and the share that depends on the input.
+
+    On a fixed probe of inputs, ``norm`` is the RMS token norm of the set after each function iteration and
+    ``input_share`` the RMS over tokens of its spread over the probe (std per feature) divided by that norm: about
+    0.3 after pre-training, about 0 once the model predicts a constant. Measured on the main process only, in eval
+    mode without gradients, so the training itself is unchanged.
+    """
+
+    def __init__(self, probe_inputs: torch.Tensor) -> None:
+        self.probe = probe_inputs
+        self.history: list[dict[str, Any]] = []
+
+    def measure(self, model: torch.nn.Module) -> dict[str, list[float]]:
+        """``norm`` and ``input_share`` of the set after each function iteration, for the probe inputs."""
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                device = next(model.parameters()).device
+                hidden = model(inputs=self.probe.to(device), output_hidden_states=True).hidden_states[1:]
+        finally:
+            model.train(was_training)
+        norms = [h.float().pow(2).sum(-1).mean().sqrt() for h in hidden]
+        spreads = [h.float().std(0).pow(2).sum(-1).mean().sqrt() for h in hidden]
+        return {
+            "norm": [round(n.item(), 4) for n in norms],
+            "input_share": [round((s / n).item(), 6) for s, n in zip(spreads, norms, strict=True)],
+        }
+
+    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
+        every = state.logging_steps
+        if model is None or not every or state.global_step % every or not state.is_world_process_zero:
+            return
+        entry = {"step": state.global_step, **self.measure(model)}
+        self.history.append(entry)
+        logger.info(
+            "step %d: set norm after each function iteration %s; input-dependent share %s",
+            entry["step"],
+            [round(n, 2) for n in entry["norm"]],
+            [round(x, 4) for x in entry["input_share"]],
+        )
+
+
+SET_NORM_PROBE_SIZE = 256
+
+
+def set_norm_monitor(exp: FuzzyBooleanArguments, test: TensorBatchDataset) -> SetNormMonitor | None:
+    """The phase's :class:`SetNormMonitor` on its first test points, if --monitor_set_norm asks for one."""
+    return SetNormMonitor(test.inputs[:SET_NORM_PROBE_SIZE]) if exp.monitor_set_norm else None
+
+
 def radam(
     args: TrainingArguments, learning_rate: float, param_groups: list[dict[str, Any]] | None = None
 ) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
@@ -703,12 +764,14 @@ def make_trainer(
     new_tasks_only: bool = False,
     one_task_per_sample: bool = False,
     param_groups: list[dict[str, Any]] | None = None,
+    monitor: SetNormMonitor | None = None,
 ) -> tuple[Trainer, StepTimer]:
     """A Trainer with RAdam, the whole-batch collator, R^2 metrics and a step timer.
 
     ``new_tasks_only``: the model carries more task tokens than the labels have columns; score the last ones.
     ``one_task_per_sample``: train each sample on one drawn task (``SetRegressionTrainer``).
     ``param_groups``: RAdam parameter groups with their own learning rates (default: one rate for all).
+    ``monitor``: a :class:`SetNormMonitor` to run at every logging step.
     """
     timer = StepTimer()
     # The model's own loss (all tasks) unless the loss must pick tasks.
@@ -723,7 +786,7 @@ def make_trainer(
         train_dataset=train,
         eval_dataset=test,
         compute_metrics=compute_metrics,
-        callbacks=[timer],
+        callbacks=[timer] if monitor is None else [timer, monitor],
         optimizer_cls_and_kwargs=radam(args, learning_rate, param_groups),
     )
     return trainer, timer
@@ -1297,6 +1360,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         logger.info(
             "Model: %d parameters (fuzzy_boolean preset, %d CLS tokens)", num_params, len(pretrain_names)
         )
+        monitor = set_norm_monitor(exp, datasets["pretrain"]["test"])
         trainer, timer = make_trainer(
             model,
             pre_args,
@@ -1304,6 +1368,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             datasets["pretrain"]["test"],
             exp.pretrain_learning_rate,
             one_task_per_sample=exp.one_task_per_sample,
+            monitor=monitor,
         )
         logger.info(
             "Pre-training: %s of batch %d, RAdam lr %g constant",
@@ -1359,6 +1424,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             "final_train_loss": train_output.training_loss,
             "step_time": timing["trainer_step"],
         }
+        if monitor is not None:
+            pretrain_info["set_norm"] = monitor.history
         logger.info(
             "Pre-training done: %d steps in %.0f s (median step %.4f s); saved to %s",
             train_output.global_step,
@@ -1456,6 +1523,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             exp.adapt_lr_scheduler_type,
             exp.adapt_warmup,
         )
+        monitor = set_norm_monitor(exp, datasets["adapt"]["test"])
         trainer, timer = make_trainer(
             model,
             adapt_args,
@@ -1465,6 +1533,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             new_tasks_only=kept > 0,
             one_task_per_sample=exp.one_task_per_sample,
             param_groups=param_groups,
+            monitor=monitor,
         )
         train_output = trainer.train()
         trainer.save_model(adapt_args.output_dir)
@@ -1485,6 +1554,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             "paper_r2_std": ADAPTATION_SETTINGS[setting]["paper"][1],
             "routing_density": density,
         }
+        if monitor is not None:
+            results["adaptation"][setting]["set_norm"] = monitor.history
         logger.info(
             "Adaptation %r: %d steps in %.0f s; R^2 over %d new functions: %.4f ± %.4f (min %.4f); paper %.4f ± %.4f; "
             "routing density per function iteration %s",

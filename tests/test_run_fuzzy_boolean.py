@@ -772,3 +772,43 @@ def test_bare_step_runs_on_the_models_device_and_compiles_like_the_trainer(scrip
         {"backend": recording_backend},
     )  # fmt: skip
     assert timing["steps_timed"] == 2 and compiled_graphs
+
+
+def test_set_norm_monitor_measures_the_set_at_logging_steps_without_changing_the_training(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """--monitor_set_norm: at every logging step the RMS token norm after each function iteration and the share of it
+    that varies over the probe inputs (0 for identical inputs); the trained weights equal a run without it."""
+    config = NeuralInterpreterConfig.from_paper(
+        "fuzzy_boolean", hidden_size=16, code_dim=16, attention_head_size=8, type_inference_hidden_size=16,
+        task_names=["a", "b", "c"],
+    )  # fmt: skip
+    x, y = torch.rand(32, 5), torch.rand(32, 3)
+    dataset = script.TensorBatchDataset(x, y)
+    args = script.TrainingArguments(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8, max_steps=4,
+        logging_steps=2, lr_scheduler_type="constant", max_grad_norm=0.0, save_strategy="no",
+        remove_unused_columns=False, seed=0,
+    )  # fmt: skip
+    weights = []
+    for monitored in (False, True):
+        torch.manual_seed(0)
+        model = NeuralInterpreterForSetRegression(config)
+        monitor = script.SetNormMonitor(x[:16]) if monitored else None
+        trainer, _ = script.make_trainer(model, args, dataset, dataset, 1e-2, monitor=monitor)
+        trainer.train()
+        weights.append({name: p.detach().clone() for name, p in model.named_parameters()})
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=0, atol=0, msg=name)
+
+    assert [entry["step"] for entry in monitor.history] == [2, 4]
+    last = monitor.history[-1]
+    assert len(last["norm"]) == len(last["input_share"]) == sum(config.iterations_per_script) == 4
+    with torch.no_grad():
+        hidden = model(inputs=x[:16], output_hidden_states=True).hidden_states[1:]
+    expected = [h.pow(2).sum(-1).mean().sqrt().item() for h in hidden]
+    assert last["norm"] == pytest.approx(expected, rel=1e-4)
+    assert all(0 < share < 1 for share in last["input_share"])
+    assert model.training  # the measurement restores the training mode
+    same_input = script.SetNormMonitor(x[:1].expand(16, 5)).measure(model)
+    assert same_input["input_share"] == pytest.approx([0.0] * len(expected), abs=1e-6)
