@@ -230,8 +230,8 @@ class FuzzyBooleanArguments:
         metadata={
             "help": "RAdam learning rate of the regression head (the parameters named 'regressor.*', trained in the "
             "'all' setting only); every other parameter keeps its rate from --adapt_learning_rate / "
-            "--adapt_pretrained_learning_rate. Tests whether the head alone makes 'all' unstable at lr 5e-2 (its "
-            "sharpest direction lay in the head; a deviation, see examples/README.md). Paper: not set."
+            "--adapt_pretrained_learning_rate. A deviation that tested whether the head alone makes 'all' unstable at "
+            "lr 5e-2: with the head at 6e-3 (or frozen) 'all' still collapsed (see examples/README.md). Paper: not set."
         },
     )
     adapt_lr_scheduler_type: str = field(
