@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -569,6 +570,35 @@ def test_one_task_per_sample_trains_each_sample_on_one_drawn_function(
         torch.testing.assert_close(trainer.compute_loss(model, batch), ((predictions - y) ** 2).mean())
 
 
+def _one_radam_step(
+    script: ModuleType,
+    model: NeuralInterpreterForSetRegression,
+    groups: list[dict],
+    tmp_path: Path,
+    rate_of: Callable[[str], float],
+):
+    """One Trainer step with RAdam ``groups``; RAdam's first step is lr x gradient, so every trainable parameter
+    must have moved by ``rate_of(name)`` times its gradient. Returns the trainer."""
+    x, y = torch.rand(8, 5), torch.rand(8, 3)
+    dataset = script.TensorBatchDataset(x, y)
+    args = script.TrainingArguments(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8, max_steps=1,
+        lr_scheduler_type="constant", max_grad_norm=0.0, save_strategy="no", remove_unused_columns=False,
+    )  # fmt: skip
+    trainer, _ = script.make_trainer(model, args, dataset, dataset, 5e-2, param_groups=groups)
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.train()
+    model.zero_grad()
+    trainer.compute_loss(model, {"inputs": x, "labels": y}).backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    trainer.train()
+    for name, param in model.named_parameters():
+        if name in before:
+            torch.testing.assert_close(param.detach(), before[name] - rate_of(name) * grads[name], msg=name)
+    return trainer
+
+
 def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_own_rate(
     script: ModuleType, tmp_path: Path
 ) -> None:
@@ -589,26 +619,11 @@ def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_ow
     assert len(script.adaptation_param_groups(model, 5e-2, 6e-3)) == 1
 
     script.set_adaptation_trainable(model, "type_inference")
-    x, y = torch.rand(8, 5), torch.rand(8, 3)
-    dataset = script.TensorBatchDataset(x, y)
-    args = script.TrainingArguments(
-        output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8, max_steps=1,
-        lr_scheduler_type="constant", max_grad_norm=0.0, save_strategy="no", remove_unused_columns=False,
+    trainer = _one_radam_step(
+        script, model, script.adaptation_param_groups(model, 5e-2, 6e-3), tmp_path,
+        rate_of=lambda name: 5e-2 if name == "neural_interpreter.task_tokens" else 6e-3,
     )  # fmt: skip
-    groups = script.adaptation_param_groups(model, 5e-2, 6e-3)
-    trainer, _ = script.make_trainer(model, args, dataset, dataset, 5e-2, param_groups=groups)
-    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-    model.train()
-    model.zero_grad()
-    trainer.compute_loss(model, {"inputs": x, "labels": y}).backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-    model.zero_grad()
-    trainer.train()
     assert [group["lr"] for group in trainer.optimizer.param_groups] == [5e-2, 6e-3]
-    for name, param in model.named_parameters():
-        if name in before:
-            rate = 5e-2 if name == "neural_interpreter.task_tokens" else 6e-3
-            torch.testing.assert_close(param.detach(), before[name] - rate * grads[name], msg=name)
     # Its groups carry no weight decay, so asking for both is refused rather than silently half-done.
     with pytest.raises(ValueError, match="--weight_decay 0.01 would be ignored"):
         script.main(
@@ -643,25 +658,10 @@ def test_adapt_head_learning_rate_gives_the_regression_head_its_own_rate(
     assert [g["lr"] for g in script.adaptation_param_groups(model, 5e-2, None, 6e-3)] == [5e-2, 5e-2]
 
     script.set_adaptation_trainable(model, "all")
-    x, y = torch.rand(8, 5), torch.rand(8, 3)
-    dataset = script.TensorBatchDataset(x, y)
-    args = script.TrainingArguments(
-        output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8, max_steps=1,
-        lr_scheduler_type="constant", max_grad_norm=0.0, save_strategy="no", remove_unused_columns=False,
+    _one_radam_step(
+        script, model, script.adaptation_param_groups(model, 5e-2, None, 6e-3), tmp_path,
+        rate_of=lambda name: 6e-3 if name.startswith("regressor.") else 5e-2,
     )  # fmt: skip
-    groups = script.adaptation_param_groups(model, 5e-2, None, 6e-3)
-    trainer, _ = script.make_trainer(model, args, dataset, dataset, 5e-2, param_groups=groups)
-    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-    model.train()
-    model.zero_grad()
-    trainer.compute_loss(model, {"inputs": x, "labels": y}).backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-    model.zero_grad()
-    trainer.train()
-    for name, param in model.named_parameters():
-        if name in before:
-            rate = 6e-3 if name.startswith("regressor.") else 5e-2
-            torch.testing.assert_close(param.detach(), before[name] - rate * grads[name], msg=name)
     with pytest.raises(ValueError, match="--adapt_head_learning_rate builds its own RAdam parameter groups"):
         script.main(
             ["--protocol", "quick", "--adapt_head_learning_rate", "6e-3", "--weight_decay", "0.01",
