@@ -53,15 +53,27 @@ from ni_hf.modeling_neural_interpreter import (
     enable_activation_checkpointing,
     patchify,
     release_workspace,
+    set_bilinear_logits,
+    set_columns_attention,
     set_fused_attention,
     set_token_alignment,
 )
 
-MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit", "ni-eager-aligned", "ni-fused")
+# The eager model with GPU experiments of the LOCs switched on (asked for by name only), by key.
+EXPERIMENTS: dict[str, tuple[Callable[[nn.Module], None], ...]] = {
+    "ni-eager-aligned": (lambda model: set_token_alignment(model, 8),),
+    "ni-fused": (set_fused_attention,),
+    "ni-bilinear": (set_bilinear_logits,),
+    "ni-columns": (set_columns_attention,),
+    "ni-bilinear-columns": (set_bilinear_logits, set_columns_attention),
+}
+MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit", *EXPERIMENTS)
 """Benchmarked models: our model with SDPA / eager attention, transformers' ViT baseline, and (asked for by name
 only) eager attention with the tokens padded to a multiple of 8 (`LineOfCode.token_alignment`: aligned GEMM rows on
-a GPU) and the eager model with Eq. 6 through SDPA's fused kernels (`LineOfCode.fused_attention`); the FLOPs
-reported for those two are the unpadded eager model's."""
+a GPU), the eager model with Eq. 6 through SDPA's fused kernels (`LineOfCode.fused_attention`), with its logits in
+the bilinear form (`LineOfCode.bilinear_logits`), with Eq. 6 as A @ [C v, C] (`LineOfCode.columns_attention`), and
+with both of the last two; the FLOPs reported for those are the unpadded eager model's (the model's work; "as run"
+counts what each executes)."""
 DEFAULT_MODELS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit")
 
 MODES: tuple[str, ...] = ("inference", "training")
@@ -282,11 +294,9 @@ def build_model(key: str, args: argparse.Namespace, attn_implementation: str | N
     torch.manual_seed(args.seed)
     if is_ni(key):
         model: nn.Module = NeuralInterpreterForImageClassification(ni_config(args))
-        impl = attn_implementation or ("eager" if key == "ni-fused" else key.split("-")[1])
-        if key == "ni-eager-aligned":
-            set_token_alignment(model, 8)
-        if key == "ni-fused":
-            set_fused_attention(model)
+        impl = attn_implementation or ("eager" if key in EXPERIMENTS else key.split("-")[1])
+        for switch_on in EXPERIMENTS.get(key, ()):
+            switch_on(model)
     else:
         model = ViTForImageClassification(vit_baseline_config())
         impl = attn_implementation or "sdpa"
@@ -1082,11 +1092,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         with _quiet_transformers():
             # The model's FLOPs (the padding of the aligned and fused variants is not the model's work); "as run"
             # counts it.
-            model_key = "ni-eager" if key in ("ni-eager-aligned", "ni-fused") else key
+            model_key = "ni-eager" if key in EXPERIMENTS else key
             forward = count_flops(model_key, args, "eager")
-            as_run_attention = {"ni-eager": None, "ni-eager-aligned": "eager", "ni-fused": "eager"}.get(
-                key, "sdpa"
-            )
+            as_run_attention = None if key == "ni-eager" else "eager" if key in EXPERIMENTS else "sdpa"
             as_run = forward if as_run_attention is None else count_flops(key, args, as_run_attention)
             training = (
                 None if args.no_training_flop_count else count_flops(model_key, args, "eager", backward=True)

@@ -11,10 +11,11 @@ difference from the same piece run eagerly on the same device, with the pattern-
 (by handler name). Then the two-iteration digits model (tau 1.99): the "sdpa" path as built
 (`EAGER_ATTENTION_WHEN_COMPILED_ON_ACCELERATOR = False`), as built with inductor's pattern matcher off, as built
 with the explicit-matmul attention (the CPU path) on CUDA too, the model as shipped (the "eager" formulation
-while compiling on an accelerator), the model in its "eager" formulation with memory_traffic.py's columns
-formulation of Eq. 6 in its place (less memory traffic; not shipped unless it compiles exactly on CUDA), and the
-"eager" model with `LineOfCode.fused_attention` (Eq. 6 through SDPA's fused kernels on keys and columns padded to 8,
-the division in plain ops; the benchmark's ni-fused model).
+while compiling on an accelerator), and the "eager" model with the experiments of the benchmark's models (less
+memory traffic; none is shipped for compiled GPU runs unless it compiles exactly on CUDA): `LineOfCode.columns_attention`
+(Eq. 6 as A @ [C v, C] over the last column in plain ops), `LineOfCode.fused_attention` (Eq. 6 through SDPA's fused
+kernels on keys and columns padded to 8, the division in plain ops; ni-fused), and `LineOfCode.bilinear_logits`
+(q.k as (h A_uh) . h; ni-bilinear), alone and with the columns formulation (ni-bilinear-columns).
 
 What it showed on the H200 (benchmarks/RESULTS.md, 2026-11-27): every piece alone compiles exactly; the model as
 built is off by 1.26-1.66 with the pattern matcher on (also with the explicit-matmul attention, so not SDPA) and
@@ -32,7 +33,6 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from diagnose_compile import build_model  # this folder is on the path when the script runs
-from memory_traffic import modulated_attention_columns
 
 import ni_hf.modeling_neural_interpreter as modeling
 
@@ -197,13 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     # Eq. 6 as A @ [C v, C] in plain ops in place of the shipped eager formulation: 6% less memory traffic per
     # training step (memory_traffic.py --attention columns), worth shipping only if it compiles exactly here.
     # (The model is set to "eager" so that the CPU, which compiles "sdpa" as built, runs this row too.)
-    eager_formulation = modeling.ATTENTION_FUNCTIONS["eager"]
-    modeling.ATTENTION_FUNCTIONS["eager"] = modulated_attention_columns
     model.config._attn_implementation = "eager"
+    modeling.set_columns_attention(model)
     try:
         compare("model, eager with the columns formulation", model_logits, pixels)
     finally:
-        modeling.ATTENTION_FUNCTIONS["eager"] = eager_formulation
+        modeling.set_columns_attention(model, False)
         model.config._attn_implementation = "sdpa"
     # SDPA's fused kernels on padded keys and columns in the eager model (no custom Function around the attention):
     # the N x N weights never reach memory, if it compiles exactly here.
@@ -213,6 +212,18 @@ def main(argv: list[str] | None = None) -> None:
         compare("model, eager with the fused formulation (SDPA, padded)", model_logits, pixels)
     finally:
         modeling.set_fused_attention(model, False)
+        model.config._attn_implementation = "sdpa"
+    # The eager model with its logits in the bilinear form (fewer FLOPs and bytes than the q and k projections),
+    # alone and with the columns formulation (memory_traffic.py: 10% and 17% fewer bytes than as shipped).
+    model.config._attn_implementation = "eager"
+    modeling.set_bilinear_logits(model)
+    try:
+        compare("model, eager with bilinear logits", model_logits, pixels)
+        modeling.set_columns_attention(model)
+        compare("model, eager with bilinear logits and the columns formulation", model_logits, pixels)
+    finally:
+        modeling.set_bilinear_logits(model, False)
+        modeling.set_columns_attention(model, False)
         model.config._attn_implementation = "sdpa"
     if not args.bisect:
         return

@@ -16,12 +16,15 @@
 # "fp32", "bf16": float32 and bf16 autocast without compile (all three models; bf16 with the routing density);
 # "compile": bf16 + torch.compile (inductor, default mode);
 # "graphs": bf16 + torch.compile(mode="reduce-overhead"), i.e. CUDA graphs, for $GRAPH_MODELS (default: ni-sdpa
-#   ni-fused ni-eager-aligned vit; compiled on a GPU ni-sdpa runs the eager formulation, ni-fused the same with
-#   Eq. 6 through SDPA's fused kernels, ni-eager-aligned the eager formulation on tokens padded to a multiple of 8);
+#   ni-fused ni-bilinear ni-bilinear-columns ni-eager-aligned vit; compiled on a GPU ni-sdpa runs the eager
+#   formulation, ni-fused the same with Eq. 6 through SDPA's fused kernels, ni-bilinear the same with the logits in
+#   the bilinear form, ni-bilinear-columns that with Eq. 6 as A @ [C v, C] too, ni-eager-aligned the eager
+#   formulation on tokens padded to a multiple of 8);
 # "profile": benchmarks/profile_gpu.py --shapes $PROFILE_ARGS (device time per step, the heaviest kernels, the
 #   operators by input shape), appended to reports.md;
 # "traffic": benchmarks/memory_traffic.py --device cuda --attention A for each A in $TRAFFIC_ATTENTION (default:
-#   eager fused; the bytes of a step as inductor fuses it for this GPU, and the floor they set at peak bandwidth),
+#   eager fused bilinear bilinear-columns; the bytes of a step as inductor fuses it for this GPU, and the floor they
+#   set at peak bandwidth),
 #   OUT_DIR/traffic_A.json, appended to reports.md; $TRAFFIC_LIMIT seconds each.
 set -u
 out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train fp32 bf16 compile graphs profile traffic}
@@ -94,11 +97,12 @@ want bf16 && step cuda_bf16_eager 150 --dtype bfloat16 --models ni-sdpa ni-eager
 # the host sync of the NaN/inf check: the same eager bf16 steps without it
 want bf16 && step cuda_bf16_eager_nocheck 90 --dtype bfloat16 --models ni-sdpa --no-density --no-finite-check
 if want compile; then
-    step cuda_bf16_compile 300 --dtype bfloat16 --compile --models ni-sdpa ni-fused ni-eager-aligned vit --no-density
+    step cuda_bf16_compile 300 --dtype bfloat16 --compile --models ni-sdpa ni-fused ni-bilinear ni-bilinear-columns ni-eager-aligned vit \
+        --no-density
 fi
 if want graphs; then
     # shellcheck disable=SC2086
-    step cuda_bf16_cudagraphs "${GRAPHS_LIMIT:-300}" --dtype bfloat16 --cuda-graphs --models ${GRAPH_MODELS:-ni-sdpa ni-fused ni-eager-aligned vit} \
+    step cuda_bf16_cudagraphs "${GRAPHS_LIMIT:-300}" --dtype bfloat16 --cuda-graphs --models ${GRAPH_MODELS:-ni-sdpa ni-fused ni-bilinear ni-bilinear-columns ni-eager-aligned vit} \
         --no-density
 fi
 if want profile; then
@@ -108,7 +112,7 @@ if want profile; then
         2>>"$out/suite.log" | tee -a "$out/reports.md"
 fi
 if want traffic; then
-    for attention in ${TRAFFIC_ATTENTION:-eager fused}; do
+    for attention in ${TRAFFIC_ATTENTION:-eager fused bilinear bilinear-columns}; do
         echo "== traffic, $attention attention ($(date -u +%H:%M:%S), limit ${TRAFFIC_LIMIT:-240}s)"
         timeout "${TRAFFIC_LIMIT:-240}" "$python" benchmarks/memory_traffic.py --device cuda --top 12 \
             --attention "$attention" --output-json "$out/traffic_$attention.json" 2>>"$out/suite.log" |

@@ -2,7 +2,7 @@
 """Bytes a compiled training step of the digits preset moves through memory, by kind of kernel (inductor's count).
 
     PYTHONPATH=src python benchmarks/memory_traffic.py [--batch-size 128] [--device cpu] [--dtype bfloat16]
-        [--attention eager|sdpa|columns|fused] [--token-alignment 8] [--override KEY=VALUE] [--top 15] [--output-json FILE]
+        [--attention eager|sdpa|columns|fused|bilinear|bilinear-columns] [--token-alignment 8] [--override KEY=VALUE] [--top 15] [--output-json FILE]
 
 At batch 128 a step of our model on a GPU is mostly memory-bound work: fused elementwise kernels, reductions and
 GEMMs on small matrices. inductor estimates, for every kernel it schedules, the bytes of the buffers the kernel reads
@@ -30,9 +30,14 @@ from pathlib import Path
 
 import torch
 
-import ni_hf.modeling_neural_interpreter as modeling
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
-from ni_hf.modeling_neural_interpreter import patchify, set_fused_attention, set_token_alignment
+from ni_hf.modeling_neural_interpreter import (
+    patchify,
+    set_bilinear_logits,
+    set_columns_attention,
+    set_fused_attention,
+    set_token_alignment,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import parse_overrides  # noqa: E402  (benchmarks/ is not a package)
@@ -106,32 +111,6 @@ def kernel_label(node: object) -> str:
     return f"{','.join(sorted(origins))} -> {' '.join(str(w) for w in writes)}"
 
 
-def modulated_attention_columns(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    compatibilities: torch.Tensor,
-    position_bias: torch.Tensor | None,
-    scale: float,
-    eps: float,
-    dropout: float,
-) -> torch.Tensor:
-    """Eq. 6 as softmax(q k^T + bias) @ [C_uj v_j, C_uj] and a division, in plain autograd ops (an experiment).
-
-    The model's "sdpa" formulation without SDPA or custom Functions: no N x N modulated weights, their sum or their
-    quotient, forward or backward. `--attention columns` runs it in place of the "eager" formulation to count what it
-    would save; the model does not ship it for compiled GPU runs because inductor compiled the model around that
-    structure wrongly on CUDA (benchmarks/RESULTS.md, 2026-11-27), which only a GPU can check.
-    """
-    if dropout > 0:
-        raise ValueError("the columns formulation has no attention dropout")
-    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
-    # the package's own pieces of that path, without its custom Function (_AttentionWithRecompute)
-    bias = position_bias if position_bias is None or scale == 1.0 else position_bias * scale
-    out = modeling._attention_probs(query, key, bias, scale) @ modeling._compatibility_columns(value, c_key)
-    return modeling._normalise_columns(out, c_key, eps)
-
-
 def count_training_step(
     config: NeuralInterpreterConfig,
     batch_size: int,
@@ -150,9 +129,11 @@ def count_training_step(
 
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config).to(device).train()
-    model.set_attn_implementation("eager" if attention in ("columns", "fused") else attention)
+    model.set_attn_implementation("eager" if attention != "sdpa" else attention)
     set_token_alignment(model, token_alignment)
     set_fused_attention(model, attention == "fused")
+    set_bilinear_logits(model, attention in ("bilinear", "bilinear-columns"))
+    set_columns_attention(model, attention in ("columns", "bilinear-columns"))
     images = torch.rand(batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1
     inputs = {
         "pixel_values": patchify(images, config.patch_size),
@@ -160,9 +141,6 @@ def count_training_step(
         "labels": torch.randint(0, config.num_labels, (batch_size,), device=device),
     }
     metrics.reset()
-    eager_formulation = modeling.ATTENTION_FUNCTIONS["eager"]
-    if attention == "columns":
-        modeling.ATTENTION_FUNCTIONS["eager"] = modulated_attention_columns
     metrics_logger.setLevel(logging.INFO)  # count_bytes runs only when this logger is on
     metrics_logger.propagate = False
     metrics_logger.addHandler(quiet)
@@ -174,7 +152,6 @@ def count_training_step(
                 loss = runner(**inputs).loss
             loss.backward()
     finally:
-        modeling.ATTENTION_FUNCTIONS["eager"] = eager_formulation
         metrics_logger.setLevel(logger_state[0])
         metrics_logger.propagate = logger_state[1]
         metrics_logger.removeHandler(quiet)
@@ -211,10 +188,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--attention",
         default="eager",
-        choices=["eager", "sdpa", "columns", "fused"],
+        choices=["eager", "sdpa", "columns", "fused", "bilinear", "bilinear-columns"],
         help="Attention path; 'eager' is what a compiled model runs on a GPU (the sdpa path on the CPU differs); "
-        "'columns': the experiment `modulated_attention_columns` in place of the eager formulation; 'fused': "
-        "the eager model with `LineOfCode.fused_attention` (SDPA's fused kernels; only a GPU count means much).",
+        "'columns': the eager model with `LineOfCode.columns_attention` (Eq. 6 as A @ [C v, C] over the last "
+        "column, no N x N modulated weights); 'fused': "
+        "the eager model with `LineOfCode.fused_attention` (SDPA's fused kernels; only a GPU count means much); "
+        "'bilinear': the eager model with `LineOfCode.bilinear_logits` (q.k as (h A) . h); 'bilinear-columns': "
+        "both switches on.",
     )
     p.add_argument("--token-alignment", type=int, default=1, help="LineOfCode.token_alignment (e.g. 8).")
     p.add_argument(

@@ -20,7 +20,12 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
-from ni_hf.modeling_neural_interpreter import patchify, set_fused_attention, set_token_alignment
+from ni_hf.modeling_neural_interpreter import (
+    patchify,
+    set_bilinear_logits,
+    set_fused_attention,
+    set_token_alignment,
+)
 
 
 def device_time_and_launches(events: Iterable[Any]) -> tuple[float, int]:
@@ -56,6 +61,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="Eq. 6 through SDPA's fused kernels (LineOfCode.fused_attention; the benchmark's ni-fused model).",
     )
+    p.add_argument(
+        "--bilinear-logits",
+        action="store_true",
+        help="The logits as (h A_uh) . h (LineOfCode.bilinear_logits; the benchmark's ni-bilinear model).",
+    )
     args = p.parse_args(argv)
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
@@ -69,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     model = NeuralInterpreterForImageClassification(config).to(device).train()
     set_token_alignment(model, args.token_alignment)
     set_fused_attention(model, args.fused_attention)
+    set_bilinear_logits(model, args.bilinear_logits)
     runner = model if args.compile_mode == "none" else torch.compile(model, mode=args.compile_mode)
     optimizer = torch.optim.RAdam(model.parameters(), lr=1e-4)
     images = torch.rand(args.batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1

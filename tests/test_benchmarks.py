@@ -295,6 +295,27 @@ def test_the_fused_attention_model_is_asked_for_by_name_and_counts_the_models_fl
     assert bench.count_flops("ni-fused", args, "eager") > bench.count_flops("ni-eager", args, "eager")
 
 
+def test_the_bilinear_logits_model_is_asked_for_by_name_and_runs_fewer_flops_than_the_model(
+    bench: ModuleType,
+) -> None:
+    """ni-bilinear: the eager model with q.k as (h A) . h; the digits preset executes fewer FLOPs that way."""
+    from ni_hf.modeling_neural_interpreter import LineOfCode
+
+    assert "ni-bilinear" not in bench.parse_args([]).models
+    args = bench.parse_args(
+        ["--models", "ni-bilinear", "--override", "num_function_iterations=1", "--flop-batch", "32"]
+    )
+    model = bench.build_model("ni-bilinear", args)
+    locs = [m for m in model.modules() if isinstance(m, LineOfCode)]
+    assert locs and all(loc.bilinear_logits for loc in locs) and model.config._attn_implementation == "eager"
+    assert not any(
+        m.bilinear_logits for m in bench.build_model("ni-eager", args).modules() if isinstance(m, LineOfCode)
+    )
+    # d = 192 < 2 x 128: h A (d x d per function and head) costs less than the q and k projections, also with
+    # the per-forward d x d products A_uh divided by a batch of 32 (not of 8: 189 MFLOP per function iteration)
+    assert bench.count_flops("ni-bilinear", args, "eager") < bench.count_flops("ni-eager", args, "eager")
+
+
 def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(bench: ModuleType) -> None:
     """Under CUDA graphs the pool is allocated while recording, so one replayed step's growth is not a peak."""
     assert bench.uses_cuda_graphs(bench.parse_args(["--cuda-graphs"]))
@@ -578,33 +599,27 @@ def test_memory_traffic_tells_fused_attention_calls_from_gemms() -> None:
     assert module.kernel_kind(ExternKernelSchedulerNode("extern_kernels.bmm"), {67}) == "GEMM (extern)"
 
 
-def test_the_columns_experiment_computes_eq6_as_the_eager_formulation_does() -> None:
-    """memory_traffic.py --attention columns counts softmax(q k^T + bias) @ [C v, C] / (eps + C total): the same
-    outputs and gradients as the model's eager formulation, with zero compatibilities and an all-zero query row."""
-    from ni_hf.modeling_neural_interpreter import modulated_attention_eager
-
+def test_memory_traffic_counts_the_bilinear_and_columns_experiments(capsys: pytest.CaptureFixture) -> None:
+    """--attention bilinear-columns compiles the eager model with both switches on: the logits come from one
+    (h A) @ h^T product per image, not from 128-wide q and k heads, and no N x N modulated weights are formed."""
     module = load_script(REPO / "benchmarks" / "memory_traffic.py", "ni_memory_traffic")
-    torch.manual_seed(0)
-    b, u, h, n = 2, 3, 2, 7
-    query, key = (torch.randn(b, u, h, n, 5, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    value = torch.randn(b, u, h, n, 4, dtype=torch.float64, requires_grad=True)
-    compatibilities = torch.rand(u, b, n, dtype=torch.float64)
-    compatibilities[compatibilities < 0.3] = 0.0
-    compatibilities[:, 0, 2] = 0.0  # a token no function reads
-    compatibilities.requires_grad_(True)
-    bias = torch.randn(u, h, n, n, dtype=torch.float64, requires_grad=True)
-    inputs = (query, key, value, compatibilities, bias)
-    weights = torch.randn(b, u, h, n, 4, dtype=torch.float64)
-    results = []
-    for attention in (modulated_attention_eager, module.modulated_attention_columns):
-        out = attention(*inputs, scale=0.5, eps=1e-6, dropout=0.0)
-        results.append((out, torch.autograd.grad((out * weights).sum(), inputs)))
-    (eager, eager_grads), (columns, columns_grads) = results
-    torch.testing.assert_close(columns, eager)
-    for got, want in zip(columns_grads, eager_grads, strict=True):
-        torch.testing.assert_close(got, want)
-    with pytest.raises(ValueError, match="dropout"):
-        module.modulated_attention_columns(*inputs, scale=0.5, eps=1e-6, dropout=0.1)
+    common = [
+        "--override",
+        "num_function_iterations=1",
+        "--dtype",
+        "float32",
+        "--top",
+        "40",
+        "--batch-size",
+        "2",
+    ]
+    module.main([*common, "--attention", "bilinear-columns"])
+    out = capsys.readouterr().out
+    # 2 images, rows (token, function, head) = 67 x 5 x 4 = 1,340, against h^T (192 x 67)
+    assert "bmm (2, 1340, 192) x (2, 192, 67)" in out
+    assert "bmm (40, 67, 128) x (40, 128, 67)" not in out
+    # A @ [C v, C]: the value head of 48 plus the compatibility column
+    assert "bmm (40, 67, 67) x (40, 67, 49)" in out
 
 
 def test_input_pipeline_times_run_digits_transform_with_and_without_randaugment(tmp_path: Path) -> None:

@@ -134,14 +134,27 @@ def test_fused_attention_runs_sdpas_memory_efficient_kernel_on_gpu(dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (inductor + bf16 autocast)")
-@pytest.mark.parametrize("fused", [False, True], ids=["as-shipped", "fused-attention"])
-def test_compiled_bf16_training_step_matches_eager_on_gpu(fused):
+@pytest.mark.parametrize(
+    "experiments",
+    [
+        (),
+        ("set_fused_attention",),
+        ("set_bilinear_logits",),
+        ("set_bilinear_logits", "set_columns_attention"),
+    ],
+    ids=["as-shipped", "fused-attention", "bilinear-logits", "bilinear-columns"],
+)
+def test_compiled_bf16_training_step_matches_eager_on_gpu(experiments):
     """Inductor's forward and backward under bf16 autocast: the loss and every gradient agree with eager (the model
-    as shipped, and with `set_fused_attention`, the GPU experiment that keeps Eq. 6's N x N weights on chip)."""
-    from ni_hf.modeling_neural_interpreter import set_fused_attention
+    as shipped, and with the GPU experiments of the benchmark's models: `set_fused_attention`, which keeps Eq. 6's
+    N x N weights on chip, and `set_bilinear_logits` alone and with `set_columns_attention`, which move fewer bytes)."""
+    import ni_hf.modeling_neural_interpreter as modeling
 
-    model = _untruncated_digits_model(**({"attn_implementation": "eager"} if fused else {})).cuda().train()
-    set_fused_attention(model, fused)
+    model = (
+        _untruncated_digits_model(**({"attn_implementation": "eager"} if experiments else {})).cuda().train()
+    )
+    for experiment in experiments:
+        getattr(modeling, experiment)(model)
     inputs = {
         "pixel_values": torch.randn(16, 3, 32, 32, device="cuda"),
         "labels": torch.randint(0, 10, (16,), device="cuda"),

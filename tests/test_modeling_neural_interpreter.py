@@ -31,7 +31,9 @@ from ni_hf.modeling_neural_interpreter import (
     enable_activation_checkpointing,
     modulated_attention_aligned,
     modulated_attention_bilinear,
+    modulated_attention_columns,
     modulated_attention_eager,
+    modulated_attention_eager_bilinear,
     modulated_attention_fused,
     modulated_attention_matmul,
     modulated_attention_sdpa,
@@ -346,6 +348,109 @@ def test_a_model_with_fused_attention_computes_the_same_function(tester, monkeyp
     torch.testing.assert_close(fused_logits, logits, atol=1e-5, rtol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(fused_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_eager_bilinear_logits_compute_eq6_and_its_gradients(with_bias):
+    """Logits (h A_uh) . h with A_uh = W_q,uh^T W_k,uh in plain ops: Eq. 6 and its gradients (h, W_q, W_k, v, C, bias)."""
+    torch.manual_seed(3)
+    u, b, heads, n, d, dh, dv = 3, 2, 2, 6, 5, 4, 3
+    _, _, v, c, bias = _attention_inputs(u=u, b=b, h=heads, n=n, hd=dh, dv=dv)
+    hidden = torch.randn(b, n, d, dtype=torch.double)
+    wq, wk = torch.randn(u, heads * dh, d) / 2, torch.randn(u, heads * dh, d) / 2
+    leaves = [t.double().requires_grad_() for t in (wq, wk, v, c, bias)]
+    wq, wk, v, c, bias = leaves
+    leaves = [hidden.requires_grad_(), *leaves[: 4 + with_bias]]
+    bias = bias if with_bias else None
+
+    def split(w: torch.Tensor) -> torch.Tensor:  # (B, U, H, N, d_h), as the LOC's heads
+        return torch.einsum("bnd,uod->buno", hidden, w).unflatten(-1, (heads, dh)).permute(0, 1, 3, 2, 4)
+
+    expected = modulated_attention_eager(split(wq), split(wk), v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    got = modulated_attention_eager_bilinear(hidden, wq, wk, v, c, bias, scale=0.5, eps=1e-6, dropout=0.0)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-10)
+    grads = torch.autograd.grad(got.square().sum(), leaves)
+    expected_grads = torch.autograd.grad(expected.square().sum(), leaves)
+    for name, grad, expected_grad in zip(
+        ["h", "wq", "wk", "v", "c", "bias"], grads, expected_grads, strict=False
+    ):
+        torch.testing.assert_close(grad, expected_grad, atol=1e-10, rtol=1e-8, msg=name)
+
+
+def test_a_model_with_bilinear_logits_computes_the_same_function(tester, monkeypatch):
+    """`set_bilinear_logits` (a GPU experiment of the benchmark) forms the logits of every first LOC of a function
+    iteration (the one whose functions all read one h) in the bilinear form; same function."""
+    modeling, config, model, inputs = _eager_model_and_inputs(tester)
+    calls = []
+    function = modeling.modulated_attention_eager_bilinear
+
+    def recording(hidden, *args, **kwargs):
+        calls.append(tuple(hidden.shape))
+        return function(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "modulated_attention_eager_bilinear", recording)
+    results = _logits_and_grads_per_setting(model, inputs, modeling.set_bilinear_logits, (False, True))
+    assert config.num_loc_layers > 1  # so the LOCs that read U streams are exercised too (they keep q and k)
+    assert len(calls) == sum(config.num_function_iterations)
+    (logits, grads), (bilinear_logits, bilinear_grads) = results
+    torch.testing.assert_close(bilinear_logits, logits, atol=1e-5, rtol=1e-5)
+    assert bilinear_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(bilinear_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_columns_formulation_computes_eq6_as_the_eager_formulation_does() -> None:
+    """softmax(q k^T + bias) @ [C v, C] / (eps + C total) in plain ops: the eager formulation's outputs and gradients,
+    with zero compatibilities and a token no function reads; it refuses attention dropout by name."""
+    torch.manual_seed(0)
+    b, u, h, n = 2, 3, 2, 7
+    query, key = (torch.randn(b, u, h, n, 5, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    value = torch.randn(b, u, h, n, 4, dtype=torch.float64, requires_grad=True)
+    compatibilities = torch.rand(u, b, n, dtype=torch.float64)
+    compatibilities[compatibilities < 0.3] = 0.0
+    compatibilities[:, 0, 2] = 0.0  # a token no function reads
+    compatibilities.requires_grad_(True)
+    bias = torch.randn(u, h, n, n, dtype=torch.float64, requires_grad=True)
+    inputs = (query, key, value, compatibilities, bias)
+    weights = torch.randn(b, u, h, n, 4, dtype=torch.float64)
+    results = []
+    for attention in (modulated_attention_eager, modulated_attention_columns):
+        out = attention(*inputs, scale=0.5, eps=1e-6, dropout=0.0)
+        results.append((out, torch.autograd.grad((out * weights).sum(), inputs)))
+    (eager, eager_grads), (columns, columns_grads) = results
+    torch.testing.assert_close(columns, eager)
+    for got, want in zip(columns_grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="dropout"):
+        modulated_attention_columns(*inputs, scale=0.5, eps=1e-6, dropout=0.1)
+
+
+@pytest.mark.parametrize("bilinear", [False, True], ids=["q-k", "bilinear"])
+def test_a_model_with_columns_attention_computes_the_same_function(tester, monkeypatch, bilinear):
+    """`set_columns_attention` (a GPU experiment of the benchmark) computes Eq. 6 without N x N modulated weights in
+    every LOC, after q.k or after bilinear logits; same function."""
+    modeling, config, model, inputs = _eager_model_and_inputs(tester)
+    modeling.set_bilinear_logits(model, bilinear)
+    calls = []
+    rest = modeling._modulated_attention_columns_from_logits
+
+    def recording(logits, *args, **kwargs):
+        calls.append(tuple(logits.shape))
+        return rest(logits, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "_modulated_attention_columns_from_logits", recording)
+    results = _logits_and_grads_per_setting(model, inputs, modeling.set_columns_attention, (False, True))
+    assert len(calls) == config.num_loc_layers * sum(config.num_function_iterations)
+    (logits, grads), (columns_logits, columns_grads) = results
+    torch.testing.assert_close(columns_logits, logits, atol=1e-5, rtol=1e-5)
+    assert columns_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(columns_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    # with attention dropout in training the LOCs keep the eager formulation (dropout acts on W there)
+    calls.clear()
+    model.config.attention_probs_dropout_prob = 0.1
+    model.train()(**inputs)
+    assert calls == []
 
 
 def test_matmul_path_reads_strided_query_and_key_views():

@@ -531,6 +531,21 @@ def modulated_attention_eager(
     query/key/value are (B, U, H, N, .), compatibilities (U, B, N), position_bias (U, H, N, N).
     """
     logits = query @ key.transpose(-1, -2)  # (B, U, H, N, N)
+    return _modulated_attention_from_logits(
+        logits, value, compatibilities, position_bias, scale, eps, dropout
+    )
+
+
+def _modulated_attention_from_logits(
+    logits: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """The rest of `modulated_attention_eager` from its logits q.k (B, U, H, N, N)."""
     if position_bias is not None:
         logits = logits + position_bias
     probs = torch.softmax(logits * scale, dim=-1)
@@ -541,6 +556,84 @@ def modulated_attention_eager(
     weights = torch.where(nonzero, modulated / torch.where(nonzero, eps + total, 1.0), 0.0)
     weights = F.dropout(weights, p=dropout, training=dropout > 0)
     return weights @ value
+
+
+def modulated_attention_columns(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """Eq. 6 as softmax(q k^T + bias) @ [C_uj v_j, C_uj] over its last column, in plain autograd ops.
+
+    The experiment of `LineOfCode.columns_attention`: the "sdpa" path's arithmetic without SDPA or custom Functions,
+    so no N x N modulated weights, their sum or their quotient, forward or backward (less memory traffic in a
+    compiled step, benchmarks/RESULTS.md). Not the default for compiled GPU runs: inductor compiled the model around
+    that structure wrongly on CUDA (2026-11-27), which only a GPU can check again. No attention dropout.
+    """
+    logits = query @ key.transpose(-1, -2)
+    return _modulated_attention_columns_from_logits(
+        logits, value, compatibilities, position_bias, scale, eps, dropout
+    )
+
+
+def _modulated_attention_columns_from_logits(
+    logits: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+) -> torch.Tensor:
+    """The rest of `modulated_attention_columns` from its logits q.k (B, U, H, N, N)."""
+    if dropout > 0:
+        raise ValueError(
+            "the columns formulation of Eq. 6 has no attention dropout (it would act on A, not W)"
+        )
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    if position_bias is not None:
+        logits = logits + position_bias.to(logits.dtype)
+    probs = torch.softmax(logits * scale, dim=-1)
+    return _normalise_columns(probs @ _compatibility_columns(value, c_key), c_key, eps)
+
+
+def modulated_attention_eager_bilinear(
+    hidden: torch.Tensor,
+    query_weight: torch.Tensor,
+    key_weight: torch.Tensor,
+    value: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+    dropout: float,
+    columns: bool = False,
+) -> torch.Tensor:
+    """`modulated_attention_eager` with the logits of Eq. 6 in the bilinear form q_i.k_j = (h_i A_uh) . h_j.
+
+    The experiment of `LineOfCode.bilinear_logits`, in plain ops for compilers (the CPU's `_BilinearAttention` keeps
+    workspace buffers of its own): every function reads the same h (B, N, d), so the (U, H, d_h, d) query and key
+    weights fold into A_uh = W_q,uh^T W_k,uh, one GEMM h @ [A_uh] (B, N, U * H * d) and one batched product per
+    sample against h^T, in place of the q and k projections and B * U * H products of 128-wide heads. It costs fewer
+    FLOPs where `bilinear_attention_pays`. value (B, U, H, N, dv), compatibilities (U, B, N), position_bias
+    (U, H, N, N) or None; columns: the rest of Eq. 6 as `modulated_attention_columns` computes it.
+    """
+    b, u, h, n, _ = value.shape
+    d = hidden.shape[-1]
+    wq = query_weight.view(u, h, -1, d)
+    wk = key_weight.view(u, h, -1, d)
+    # rows (u, h, e) of [A_uh^T]: (h A_uh)_e = sum_k W_k,uh[k, e] q_k, so (h_i A_uh) . h_j = q_i . k_j
+    bilinear = (wk.transpose(-1, -2) @ wq).reshape(-1, d)
+    mixed = F.linear(hidden, bilinear)  # (B, N, U * H * d)
+    logits = mixed.view(b, -1, d) @ hidden.to(mixed.dtype).transpose(1, 2)  # (B, N * U * H, N)
+    logits = logits.view(b, n, u, h, n).permute(0, 2, 3, 1, 4)
+    rest = _modulated_attention_columns_from_logits if columns else _modulated_attention_from_logits
+    return rest(logits, value, compatibilities, position_bias, scale, eps, dropout)
 
 
 def modulated_attention_aligned(
@@ -821,6 +914,20 @@ def set_fused_attention(model: nn.Module, enabled: bool = True) -> None:
     for module in model.modules():
         if isinstance(module, LineOfCode):
             module.fused_attention = enabled
+
+
+def set_bilinear_logits(model: nn.Module, enabled: bool = True) -> None:
+    """Turn `LineOfCode.bilinear_logits` on or off in every LOC of ``model`` (an experiment for compiled GPU runs)."""
+    for module in model.modules():
+        if isinstance(module, LineOfCode):
+            module.bilinear_logits = enabled
+
+
+def set_columns_attention(model: nn.Module, enabled: bool = True) -> None:
+    """Turn `LineOfCode.columns_attention` on or off in every LOC of ``model`` (an experiment for compiled GPU runs)."""
+    for module in model.modules():
+        if isinstance(module, LineOfCode):
+            module.columns_attention = enabled
 
 
 def release_workspace() -> None:
@@ -1195,6 +1302,12 @@ class LineOfCode(nn.Module):
         # Run the "eager" formulation's Eq. 6 through `modulated_attention_fused` (SDPA's fused GPU kernels) instead;
         # an experiment for compiled GPU training that benchmarks/benchmark.py's "ni-fused" model turns on.
         self.fused_attention = False
+        # Form the "eager" formulation's logits in the bilinear form (`modulated_attention_eager_bilinear`) where
+        # every function reads the same h; an experiment for compiled GPU training ("ni-bilinear" in the benchmarks).
+        self.bilinear_logits = False
+        # Compute the "eager" formulation's Eq. 6 as `modulated_attention_columns` (no N x N modulated weights), where
+        # neither of the two above nor attention dropout is on; an experiment for compiled GPU training.
+        self.columns_attention = False
 
     def forward(
         self,
@@ -1219,6 +1332,9 @@ class LineOfCode(nn.Module):
         )
         fused = implementation == "eager" and self.fused_attention
         aligned = implementation == "eager" and self.token_alignment > 1 and not fused
+        bilinear = (
+            implementation == "eager" and self.bilinear_logits and h.dim() == 3 and not (fused or aligned)
+        )
         if aligned:  # project padded tokens (zeros; see modulated_attention_aligned)
             h = F.pad(h, (0, 0, 0, -n % self.token_alignment))
         # The eager formulation's batched products take (B, U, H, N, .) views of a token-major (N, B, U, H, .)
@@ -1238,6 +1354,9 @@ class LineOfCode(nn.Module):
             return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        column_rest = (
+            implementation == "eager" and self.columns_attention and not (fused or aligned) and dropout == 0.0
+        )
         bias = None if position_bias is None else position_bias * scale
         gate = compatibilities.unsqueeze(-1)
         eps = self.config.attention_eps
@@ -1265,11 +1384,26 @@ class LineOfCode(nn.Module):
                 eps=eps,
                 normalise=not columns,
             )
+        elif bilinear:
+            attended = modulated_attention_eager_bilinear(
+                h,
+                self.query.function_weights(codes) * scale,
+                self.key.function_weights(codes),
+                heads(self.value),
+                compatibilities,
+                bias,
+                scale=1.0,
+                eps=eps,
+                dropout=dropout,
+                columns=column_rest,
+            )
         else:
             # The softmax scale is folded into the query weights (U x out x in numbers, not B x U x N x out).
             q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
             attention = ATTENTION_FUNCTIONS.get(implementation, modulated_attention_sdpa)
             kwargs = {"normalise": False} if columns else {}
+            if column_rest:
+                attention = modulated_attention_columns
             if aligned:
                 attention, kwargs = modulated_attention_aligned, {"alignment": self.token_alignment}
             elif fused:
