@@ -66,14 +66,19 @@ EXPERIMENTS: dict[str, tuple[Callable[[nn.Module], None], ...]] = {
     "ni-bilinear": (set_bilinear_logits,),
     "ni-columns": (set_columns_attention,),
     "ni-bilinear-columns": (set_bilinear_logits, set_columns_attention),
+    "ni-bilinear-columns-aligned": (
+        set_bilinear_logits,
+        set_columns_attention,
+        lambda model: set_token_alignment(model, 8),
+    ),
 }
 MODEL_KEYS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit", *EXPERIMENTS)
 """Benchmarked models: our model with SDPA / eager attention, transformers' ViT baseline, and (asked for by name
 only) eager attention with the tokens padded to a multiple of 8 (`LineOfCode.token_alignment`: aligned GEMM rows on
 a GPU), the eager model with Eq. 6 through SDPA's fused kernels (`LineOfCode.fused_attention`), with its logits in
 the bilinear form (`LineOfCode.bilinear_logits`), with Eq. 6 as A @ [C v, C] (`LineOfCode.columns_attention`), and
-with both of the last two; the FLOPs reported for those are the unpadded eager model's (the model's work; "as run"
-counts what each executes)."""
+with both of the last two, on tokens as they are or padded to a multiple of 8; the FLOPs reported for those are the
+unpadded eager model's (the model's work; "as run" counts what each executes)."""
 DEFAULT_MODELS: tuple[str, ...] = ("ni-sdpa", "ni-eager", "vit")
 
 MODES: tuple[str, ...] = ("inference", "training")

@@ -311,6 +311,12 @@ def test_the_bilinear_logits_model_is_asked_for_by_name_and_runs_fewer_flops_tha
     assert not any(
         m.bilinear_logits for m in bench.build_model("ni-eager", args).modules() if isinstance(m, LineOfCode)
     )
+    combined = bench.build_model("ni-bilinear-columns-aligned", args)
+    assert {
+        (loc.bilinear_logits, loc.columns_attention, loc.token_alignment)
+        for loc in combined.modules()
+        if isinstance(loc, LineOfCode)
+    } == {(True, True, 8)}
     # d = 192 < 2 x 128: h A (d x d per function and head) costs less than the q and k projections, also with
     # the per-forward d x d products A_uh divided by a batch of 32 (not of 8: 189 MFLOP per function iteration)
     assert bench.count_flops("ni-bilinear", args, "eager") < bench.count_flops("ni-eager", args, "eager")

@@ -141,20 +141,25 @@ def test_fused_attention_runs_sdpas_memory_efficient_kernel_on_gpu(dtype):
         ("set_fused_attention",),
         ("set_bilinear_logits",),
         ("set_bilinear_logits", "set_columns_attention"),
+        ("set_bilinear_logits", "set_columns_attention", "set_token_alignment"),
     ],
-    ids=["as-shipped", "fused-attention", "bilinear-logits", "bilinear-columns"],
+    ids=["as-shipped", "fused-attention", "bilinear-logits", "bilinear-columns", "bilinear-columns-aligned"],
 )
 def test_compiled_bf16_training_step_matches_eager_on_gpu(experiments):
     """Inductor's forward and backward under bf16 autocast: the loss and every gradient agree with eager (the model
     as shipped, and with the GPU experiments of the benchmark's models: `set_fused_attention`, which keeps Eq. 6's
-    N x N weights on chip, and `set_bilinear_logits` alone and with `set_columns_attention`, which move fewer bytes)."""
+    N x N weights on chip, and `set_bilinear_logits` alone and with `set_columns_attention`, which move fewer bytes,
+    the latter also on tokens padded to a multiple of 8)."""
     import ni_hf.modeling_neural_interpreter as modeling
 
     model = (
         _untruncated_digits_model(**({"attn_implementation": "eager"} if experiments else {})).cuda().train()
     )
     for experiment in experiments:
-        getattr(modeling, experiment)(model)
+        if experiment == "set_token_alignment":
+            modeling.set_token_alignment(model, 8)
+        else:
+            getattr(modeling, experiment)(model)
     inputs = {
         "pixel_values": torch.randn(16, 3, 32, 32, device="cuda"),
         "labels": torch.randint(0, 10, (16,), device="cuda"),

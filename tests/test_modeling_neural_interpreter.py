@@ -377,10 +377,14 @@ def test_eager_bilinear_logits_compute_eq6_and_its_gradients(with_bias):
         torch.testing.assert_close(grad, expected_grad, atol=1e-10, rtol=1e-8, msg=name)
 
 
-def test_a_model_with_bilinear_logits_computes_the_same_function(tester, monkeypatch):
+@pytest.mark.parametrize("alignment", [1, 8], ids=["unpadded", "tokens-aligned"])
+def test_a_model_with_bilinear_logits_computes_the_same_function(tester, monkeypatch, alignment):
     """`set_bilinear_logits` (a GPU experiment of the benchmark) forms the logits of every first LOC of a function
-    iteration (the one whose functions all read one h) in the bilinear form; same function."""
+    iteration (the one whose functions all read one h) in the bilinear form, also on tokens padded for alignment;
+    same function."""
     modeling, config, model, inputs = _eager_model_and_inputs(tester)
+    modeling.set_token_alignment(model, alignment)
+    tokens = config.num_task_tokens + config.num_patches
     calls = []
     function = modeling.modulated_attention_eager_bilinear
 
@@ -392,6 +396,7 @@ def test_a_model_with_bilinear_logits_computes_the_same_function(tester, monkeyp
     results = _logits_and_grads_per_setting(model, inputs, modeling.set_bilinear_logits, (False, True))
     assert config.num_loc_layers > 1  # so the LOCs that read U streams are exercised too (they keep q and k)
     assert len(calls) == sum(config.num_function_iterations)
+    assert {shape[1] for shape in calls} == {-(-tokens // alignment) * alignment}
     (logits, grads), (bilinear_logits, bilinear_grads) = results
     torch.testing.assert_close(bilinear_logits, logits, atol=1e-5, rtol=1e-5)
     assert bilinear_grads.keys() == grads.keys()
@@ -423,14 +428,38 @@ def test_columns_formulation_computes_eq6_as_the_eager_formulation_does() -> Non
         torch.testing.assert_close(got, want)
     with pytest.raises(ValueError, match="dropout"):
         modulated_attention_columns(*inputs, scale=0.5, eps=1e-6, dropout=0.1)
+    # the 4 + 1 columns padded with zeros to 8 for aligned GEMM rows: the same outputs and gradients
+    products = _ProductShapes()
+    with products:
+        out = modulated_attention_columns(*inputs, scale=0.5, eps=1e-6, dropout=0.0, column_alignment=8)
+    assert (b * u * h, n, 8) in products.second_operands
+    torch.testing.assert_close(out, eager)
+    for got, want in zip(torch.autograd.grad((out * weights).sum(), inputs), eager_grads, strict=True):
+        torch.testing.assert_close(got, want)
 
 
+class _ProductShapes(TorchDispatchMode):
+    """Records the shape of the second operand of every batched matrix product dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.second_operands: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.bmm.default:
+            self.second_operands.append(tuple(args[1].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("alignment", [1, 8], ids=["unpadded", "tokens-aligned"])
 @pytest.mark.parametrize("bilinear", [False, True], ids=["q-k", "bilinear"])
-def test_a_model_with_columns_attention_computes_the_same_function(tester, monkeypatch, bilinear):
+def test_a_model_with_columns_attention_computes_the_same_function(tester, monkeypatch, bilinear, alignment):
     """`set_columns_attention` (a GPU experiment of the benchmark) computes Eq. 6 without N x N modulated weights in
-    every LOC, after q.k or after bilinear logits; same function."""
+    every LOC, after q.k or after bilinear logits, also on tokens padded for alignment; same function."""
     modeling, config, model, inputs = _eager_model_and_inputs(tester)
     modeling.set_bilinear_logits(model, bilinear)
+    modeling.set_token_alignment(model, alignment)
+    tokens = config.num_task_tokens + config.num_patches
     calls = []
     rest = modeling._modulated_attention_columns_from_logits
 
@@ -441,6 +470,7 @@ def test_a_model_with_columns_attention_computes_the_same_function(tester, monke
     monkeypatch.setattr(modeling, "_modulated_attention_columns_from_logits", recording)
     results = _logits_and_grads_per_setting(model, inputs, modeling.set_columns_attention, (False, True))
     assert len(calls) == config.num_loc_layers * sum(config.num_function_iterations)
+    assert {shape[-1] for shape in calls} == {-(-tokens // alignment) * alignment}  # the keys, padded or not
     (logits, grads), (columns_logits, columns_grads) = results
     torch.testing.assert_close(columns_logits, logits, atol=1e-5, rtol=1e-5)
     assert columns_grads.keys() == grads.keys()

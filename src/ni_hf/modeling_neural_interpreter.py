@@ -567,6 +567,7 @@ def modulated_attention_columns(
     scale: float,
     eps: float,
     dropout: float,
+    column_alignment: int = 1,
 ) -> torch.Tensor:
     """Eq. 6 as softmax(q k^T + bias) @ [C_uj v_j, C_uj] over its last column, in plain autograd ops.
 
@@ -574,10 +575,11 @@ def modulated_attention_columns(
     so no N x N modulated weights, their sum or their quotient, forward or backward (less memory traffic in a
     compiled step, benchmarks/RESULTS.md). Not the default for compiled GPU runs: inductor compiled the model around
     that structure wrongly on CUDA (2026-11-27), which only a GPU can check again. No attention dropout.
+    column_alignment: pad the dv + 1 columns with zeros to a multiple of this (aligned GEMM rows on a GPU).
     """
     logits = query @ key.transpose(-1, -2)
     return _modulated_attention_columns_from_logits(
-        logits, value, compatibilities, position_bias, scale, eps, dropout
+        logits, value, compatibilities, position_bias, scale, eps, dropout, column_alignment
     )
 
 
@@ -589,6 +591,7 @@ def _modulated_attention_columns_from_logits(
     scale: float,
     eps: float,
     dropout: float,
+    column_alignment: int = 1,
 ) -> torch.Tensor:
     """The rest of `modulated_attention_columns` from its logits q.k (B, U, H, N, N)."""
     if dropout > 0:
@@ -599,7 +602,10 @@ def _modulated_attention_columns_from_logits(
     if position_bias is not None:
         logits = logits + position_bias.to(logits.dtype)
     probs = torch.softmax(logits * scale, dim=-1)
-    return _normalise_columns(probs @ _compatibility_columns(value, c_key), c_key, eps)
+    columns = _compatibility_columns(value, c_key)
+    width = columns.shape[-1]
+    out = probs @ F.pad(columns, (0, -width % column_alignment))
+    return _normalise_columns(out[..., :width], c_key, eps)
 
 
 def modulated_attention_eager_bilinear(
@@ -613,6 +619,7 @@ def modulated_attention_eager_bilinear(
     eps: float,
     dropout: float,
     columns: bool = False,
+    column_alignment: int = 1,
 ) -> torch.Tensor:
     """`modulated_attention_eager` with the logits of Eq. 6 in the bilinear form q_i.k_j = (h_i A_uh) . h_j.
 
@@ -621,10 +628,14 @@ def modulated_attention_eager_bilinear(
     weights fold into A_uh = W_q,uh^T W_k,uh, one GEMM h @ [A_uh] (B, N, U * H * d) and one batched product per
     sample against h^T, in place of the q and k projections and B * U * H products of 128-wide heads. It costs fewer
     FLOPs where `bilinear_attention_pays`. value (B, U, H, N, dv), compatibilities (U, B, N), position_bias
-    (U, H, N, N) or None; columns: the rest of Eq. 6 as `modulated_attention_columns` computes it.
+    (U, H, N, N) or None; columns: the rest of Eq. 6 as `modulated_attention_columns` computes it (with
+    ``column_alignment``). hidden and value may hold more tokens than the compatibilities, padded
+    (`LineOfCode.token_alignment`): those get C = 0 and a logit of -inf as keys, and their output rows are dropped, as
+    in `modulated_attention_aligned`.
     """
     b, u, h, n, _ = value.shape
     d = hidden.shape[-1]
+    tokens = compatibilities.shape[-1]
     wq = query_weight.view(u, h, -1, d)
     wk = key_weight.view(u, h, -1, d)
     # rows (u, h, e) of [A_uh^T]: (h A_uh)_e = sum_k W_k,uh[k, e] q_k, so (h_i A_uh) . h_j = q_i . k_j
@@ -632,8 +643,17 @@ def modulated_attention_eager_bilinear(
     mixed = F.linear(hidden, bilinear)  # (B, N, U * H * d)
     logits = mixed.view(b, -1, d) @ hidden.to(mixed.dtype).transpose(1, 2)  # (B, N * U * H, N)
     logits = logits.view(b, n, u, h, n).permute(0, 2, 3, 1, 4)
-    rest = _modulated_attention_columns_from_logits if columns else _modulated_attention_from_logits
-    return rest(logits, value, compatibilities, position_bias, scale, eps, dropout)
+    if n > tokens:
+        compatibilities, position_bias = _padded_keys(compatibilities, position_bias, n, logits.dtype)
+    if columns:
+        out = _modulated_attention_columns_from_logits(
+            logits, value, compatibilities, position_bias, scale, eps, dropout, column_alignment
+        )
+    else:
+        out = _modulated_attention_from_logits(
+            logits, value, compatibilities, position_bias, scale, eps, dropout
+        )
+    return out[..., :tokens, :] if n > tokens else out
 
 
 def modulated_attention_aligned(
@@ -646,6 +666,7 @@ def modulated_attention_aligned(
     eps: float,
     dropout: float,
     alignment: int = 8,
+    columns: bool = False,
 ) -> torch.Tensor:
     """`modulated_attention_eager` with the N tokens padded to a multiple of ``alignment`` (Eq. 6 unchanged).
 
@@ -653,22 +674,34 @@ def modulated_attention_aligned(
     (its output row is dropped). The point is the layout: with 67 tokens every N x N product has a row length of
     134 bf16 bytes, which GPU GEMM kernels that need 16-byte aligned rows cannot take (benchmarks/RESULTS.md).
     N is that of the compatibilities; query, key and value may come padded already (projected from padded tokens,
-    as the LOC does: padding its input costs less than padding the three projections).
+    as the LOC does: padding its input costs less than padding the three projections). columns: compute Eq. 6 as
+    `modulated_attention_columns` does, its dv + 1 columns padded to a multiple of ``alignment`` too.
     """
+    kwargs = {"column_alignment": alignment} if columns else {}
+    attention = modulated_attention_columns if columns else modulated_attention_eager
     n = compatibilities.shape[-1]
     pad = -n % alignment
     if pad == 0:
-        return modulated_attention_eager(
-            query, key, value, compatibilities, position_bias, scale, eps, dropout
-        )
+        return attention(query, key, value, compatibilities, position_bias, scale, eps, dropout, **kwargs)
     if key.shape[-2] == n:
         query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (query, key, value))
-    compatibilities = F.pad(compatibilities, (0, pad))
-    mask = torch.zeros(n + pad, n + pad, dtype=query.dtype, device=query.device)
-    mask[:, n:] = float("-inf")
-    bias = mask if position_bias is None else F.pad(position_bias, (0, pad, 0, pad)) + mask
-    out = modulated_attention_eager(query, key, value, compatibilities, bias, scale, eps, dropout)
+    compatibilities, bias = _padded_keys(compatibilities, position_bias, n + pad, query.dtype)
+    out = attention(query, key, value, compatibilities, bias, scale, eps, dropout, **kwargs)
     return out[..., :n, :]
+
+
+def _padded_keys(
+    compatibilities: torch.Tensor, position_bias: torch.Tensor | None, padded: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compatibilities (U, B, N) with C = 0 for the tokens padded up to ``padded``, and the position bias (or none)
+    with a logit of -inf for them as keys, so that they take no part in Eq. 6."""
+    n = compatibilities.shape[-1]
+    compatibilities = F.pad(compatibilities, (0, padded - n))
+    mask = torch.zeros(padded, padded, dtype=dtype, device=compatibilities.device)
+    mask[:, n:] = float("-inf")
+    if position_bias is None:
+        return compatibilities, mask
+    return compatibilities, F.pad(position_bias, (0, padded - n, 0, padded - n)) + mask
 
 
 def modulated_attention_fused(
@@ -1306,7 +1339,7 @@ class LineOfCode(nn.Module):
         # every function reads the same h; an experiment for compiled GPU training ("ni-bilinear" in the benchmarks).
         self.bilinear_logits = False
         # Compute the "eager" formulation's Eq. 6 as `modulated_attention_columns` (no N x N modulated weights), where
-        # neither of the two above nor attention dropout is on; an experiment for compiled GPU training.
+        # neither fused attention nor attention dropout is on; an experiment for compiled GPU training.
         self.columns_attention = False
 
     def forward(
@@ -1332,9 +1365,7 @@ class LineOfCode(nn.Module):
         )
         fused = implementation == "eager" and self.fused_attention
         aligned = implementation == "eager" and self.token_alignment > 1 and not fused
-        bilinear = (
-            implementation == "eager" and self.bilinear_logits and h.dim() == 3 and not (fused or aligned)
-        )
+        bilinear = implementation == "eager" and self.bilinear_logits and h.dim() == 3 and not fused
         if aligned:  # project padded tokens (zeros; see modulated_attention_aligned)
             h = F.pad(h, (0, 0, 0, -n % self.token_alignment))
         # The eager formulation's batched products take (B, U, H, N, .) views of a token-major (N, B, U, H, .)
@@ -1354,9 +1385,7 @@ class LineOfCode(nn.Module):
             return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        column_rest = (
-            implementation == "eager" and self.columns_attention and not (fused or aligned) and dropout == 0.0
-        )
+        column_rest = implementation == "eager" and self.columns_attention and not fused and dropout == 0.0
         bias = None if position_bias is None else position_bias * scale
         gate = compatibilities.unsqueeze(-1)
         eps = self.config.attention_eps
@@ -1396,6 +1425,7 @@ class LineOfCode(nn.Module):
                 eps=eps,
                 dropout=dropout,
                 columns=column_rest,
+                column_alignment=self.token_alignment if aligned else 1,
             )
         else:
             # The softmax scale is folded into the query weights (U x out x in numbers, not B x U x N x out).
@@ -1405,7 +1435,8 @@ class LineOfCode(nn.Module):
             if column_rest:
                 attention = modulated_attention_columns
             if aligned:
-                attention, kwargs = modulated_attention_aligned, {"alignment": self.token_alignment}
+                attention = modulated_attention_aligned
+                kwargs = {"alignment": self.token_alignment, "columns": column_rest}
             elif fused:
                 attention = modulated_attention_fused
             attended = attention(
