@@ -259,16 +259,21 @@ def _eager_model_and_inputs(tester):
     return modeling, config, model, tester.prepare_inputs(config)
 
 
-def _record_query_tokens(monkeypatch, module, name: str) -> list[int]:
-    """Wrap ``module.<name>`` (an attention function) to record the token count of every call's query."""
-    counts, function = [], getattr(module, name)
+def _record_calls(monkeypatch, module, name: str, measure=lambda first: tuple(first.shape)) -> list:
+    """Wrap ``module.<name>`` to record ``measure(first argument)`` of every call (by default its shape)."""
+    records, function = [], getattr(module, name)
 
-    def recording(query, *args, **kwargs):
-        counts.append(query.shape[-2])
-        return function(query, *args, **kwargs)
+    def recording(first, *args, **kwargs):
+        records.append(measure(first))
+        return function(first, *args, **kwargs)
 
     monkeypatch.setattr(module, name, recording)
-    return counts
+    return records
+
+
+def _record_query_tokens(monkeypatch, module, name: str) -> list[int]:
+    """Wrap ``module.<name>`` (an attention function) to record the token count of every call's query."""
+    return _record_calls(monkeypatch, module, name, lambda query: query.shape[-2])
 
 
 def _logits_and_grads_per_setting(model, inputs, apply_setting, settings):
@@ -385,14 +390,7 @@ def test_a_model_with_bilinear_logits_computes_the_same_function(tester, monkeyp
     modeling, config, model, inputs = _eager_model_and_inputs(tester)
     modeling.set_token_alignment(model, alignment)
     tokens = config.num_task_tokens + config.num_patches
-    calls = []
-    function = modeling.modulated_attention_eager_bilinear
-
-    def recording(hidden, *args, **kwargs):
-        calls.append(tuple(hidden.shape))
-        return function(hidden, *args, **kwargs)
-
-    monkeypatch.setattr(modeling, "modulated_attention_eager_bilinear", recording)
+    calls = _record_calls(monkeypatch, modeling, "modulated_attention_eager_bilinear")  # shapes of h
     results = _logits_and_grads_per_setting(model, inputs, modeling.set_bilinear_logits, (False, True))
     assert config.num_loc_layers > 1  # so the LOCs that read U streams are exercised too (they keep q and k)
     assert len(calls) == sum(config.num_function_iterations)
@@ -460,14 +458,9 @@ def test_a_model_with_columns_attention_computes_the_same_function(tester, monke
     modeling.set_bilinear_logits(model, bilinear)
     modeling.set_token_alignment(model, alignment)
     tokens = config.num_task_tokens + config.num_patches
-    calls = []
-    rest = modeling._modulated_attention_columns_from_logits
-
-    def recording(logits, *args, **kwargs):
-        calls.append(tuple(logits.shape))
-        return rest(logits, *args, **kwargs)
-
-    monkeypatch.setattr(modeling, "_modulated_attention_columns_from_logits", recording)
+    calls = _record_calls(
+        monkeypatch, modeling, "_modulated_attention_columns_from_logits"
+    )  # shapes of logits
     results = _logits_and_grads_per_setting(model, inputs, modeling.set_columns_attention, (False, True))
     assert len(calls) == config.num_loc_layers * sum(config.num_function_iterations)
     assert {shape[-1] for shape in calls} == {-(-tokens // alignment) * alignment}  # the keys, padded or not
