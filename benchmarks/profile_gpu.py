@@ -23,6 +23,7 @@ from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassificati
 from ni_hf.modeling_neural_interpreter import (
     patchify,
     set_bilinear_logits,
+    set_columns_attention,
     set_fused_attention,
     set_token_alignment,
 )
@@ -66,6 +67,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="The logits as (h A_uh) . h (LineOfCode.bilinear_logits; the benchmark's ni-bilinear model).",
     )
+    p.add_argument(
+        "--columns-attention",
+        action="store_true",
+        help="Eq. 6 as A @ [C v, C] over the last column (LineOfCode.columns_attention; ni-columns).",
+    )
     args = p.parse_args(argv)
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     set_token_alignment(model, args.token_alignment)
     set_fused_attention(model, args.fused_attention)
     set_bilinear_logits(model, args.bilinear_logits)
+    set_columns_attention(model, args.columns_attention)
     runner = model if args.compile_mode == "none" else torch.compile(model, mode=args.compile_mode)
     optimizer = torch.optim.RAdam(model.parameters(), lr=1e-4)
     images = torch.rand(args.batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1
