@@ -1363,6 +1363,7 @@ class LineOfCode(nn.Module):
         implementation = attention_implementation(
             self.config._attn_implementation, h.device, torch.compiler.is_compiling()
         )
+        # The GPU experiments of the benchmark's models, switches of the "eager" formulation (see __init__).
         fused = implementation == "eager" and self.fused_attention
         aligned = implementation == "eager" and self.token_alignment > 1 and not fused
         bilinear = implementation == "eager" and self.bilinear_logits and h.dim() == 3 and not fused
@@ -1385,7 +1386,9 @@ class LineOfCode(nn.Module):
             return y.unflatten(-1, (self.num_heads, -1)).permute(0, 2, 3, 1, 4)
 
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        column_rest = implementation == "eager" and self.columns_attention and not fused and dropout == 0.0
+        columns_experiment = (
+            implementation == "eager" and self.columns_attention and not fused and dropout == 0.0
+        )
         bias = None if position_bias is None else position_bias * scale
         gate = compatibilities.unsqueeze(-1)
         eps = self.config.attention_eps
@@ -1424,7 +1427,7 @@ class LineOfCode(nn.Module):
                 scale=1.0,
                 eps=eps,
                 dropout=dropout,
-                columns=column_rest,
+                columns=columns_experiment,
                 column_alignment=self.token_alignment if aligned else 1,
             )
         else:
@@ -1432,11 +1435,11 @@ class LineOfCode(nn.Module):
             q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
             attention = ATTENTION_FUNCTIONS.get(implementation, modulated_attention_sdpa)
             kwargs = {"normalise": False} if columns else {}
-            if column_rest:
+            if columns_experiment:
                 attention = modulated_attention_columns
             if aligned:
                 attention = modulated_attention_aligned
-                kwargs = {"alignment": self.token_alignment, "columns": column_rest}
+                kwargs = {"alignment": self.token_alignment, "columns": columns_experiment}
             elif fused:
                 attention = modulated_attention_fused
             attended = attention(
