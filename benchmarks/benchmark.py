@@ -485,6 +485,54 @@ def time_steps(variant: Variant, mode: str, args: argparse.Namespace) -> float:
     return time.perf_counter() - start
 
 
+COMPILED_AGREEMENT_WARNING = 0.1
+"""A compiled model whose logits leave its eager run's by more than this (absolute) is flagged in the report: bf16
+rounding moves them by about 1e-2, the CUDA miscompile of 2026-11-27 by 1.1-1.7 (RESULTS.md)."""
+
+
+@torch.no_grad()
+def _eager_outputs(variant: Variant, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    with autocast_context(args):
+        out = variant.model(**variant.inputs)
+    return out.loss.float(), out.logits.float()
+
+
+def compiled_agreement(variant: Variant, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The compiled training forward against the same model run eagerly, same weights, batch and autocast.
+
+    Under `--compile` a speed means little if the compiled function is another one (inductor compiled our "sdpa"
+    LOCs wrongly on CUDA once). This runs the compiled model's training graph (grad on, train mode: no recompile)
+    and the uncompiled model on the benchmark's batch and records the largest |logit difference| and both losses.
+    Skipped (None) without `--compile` and for models with active dropout, whose two runs would differ by chance.
+    """
+    if not args.compile:
+        return None
+    variant.model.train()
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in variant.model.modules()):
+        return None
+    restore_weights(variant)
+    eager_loss, eager_logits = _eager_outputs(variant, args)
+    try:  # after the timing: a failure here must not cost the measurements
+        _mark_cudagraph_step(args)
+        with autocast_context(args):
+            out = variant.runner(**variant.inputs)
+        # clone at once: a CUDA-graph replay overwrites its outputs
+        compiled_loss, compiled_logits = (
+            out.loss.detach().float().clone(),
+            out.logits.detach().float().clone(),
+        )
+        del out
+    except Exception as error:  # noqa: BLE001  (reported, not raised)
+        return {"error": f"{type(error).__name__}: {error}"[:300], "flagged": True}
+    difference = (compiled_logits - eager_logits).abs().max().item()
+    return {
+        "max_abs_logit_difference": difference,
+        "eager_loss": eager_loss.item(),
+        "compiled_loss": compiled_loss.item(),
+        "flagged": not difference <= COMPILED_AGREEMENT_WARNING,
+    }
+
+
 def _rotated(items: Sequence[Any], shift: int) -> list[Any]:
     """`items` rotated left by `shift` (which model goes first changes from repeat to repeat)."""
     shift %= max(len(items), 1)
@@ -940,6 +988,13 @@ def _fmt_mem(memory: dict[str, Any] | None, mode: str) -> str:
     return f"{memory[mode]['peak_mib']:,.0f}"
 
 
+def _fmt_agreement(name: str, agreement: dict[str, Any]) -> str:
+    if "error" in agreement:
+        return f"{name} not checked ({agreement['error']})"
+    flag = " (**a different function?**)" if agreement["flagged"] else ""
+    return f"{name} {agreement['max_abs_logit_difference']:.4f}{flag}"
+
+
 def markdown_report(report: dict[str, Any]) -> str:
     """The Markdown section appended to RESULTS.md: header (date, hardware, command) and tables."""
     env, cfg = report["environment"], report["settings"]
@@ -990,6 +1045,15 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"{_fmt_rate(result.get('training'))} | {_fmt(gflops['inference'])} | {_fmt(gflops['training'])} | "
             f"{_fmt_mem(result.get('memory'), 'inference')} | {_fmt_mem(result.get('memory'), 'training')} |"
         )
+    checked = {
+        name: r["compiled_vs_eager"] for name, r in report["models"].items() if r.get("compiled_vs_eager")
+    }
+    if checked:
+        lines += [
+            "",
+            "Compiled against eager (the training forward, same weights, batch and autocast): largest |logit "
+            "difference| " + ", ".join(_fmt_agreement(name, c) for name, c in checked.items()) + ".",
+        ]
     ratios = report["ratios"]
     lines += [
         "",
@@ -1112,6 +1176,14 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         }
 
     benchmark_throughput(variants, args)
+    agreement = {}
+    for variant in variants:
+        agreement[variant.name] = compiled_agreement(variant, args)
+        if agreement[variant.name] and agreement[variant.name]["flagged"]:
+            _log(
+                args,
+                f"WARNING: compiled {variant.name} departs from its eager run: {agreement[variant.name]}",
+            )
 
     models: dict[str, dict[str, Any]] = {}
     images_per_run = args.batch_size * args.steps_per_repeat
@@ -1123,6 +1195,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "attn_implementation": variant.model.config._attn_implementation,
             "parameters": count_parameters(variant.model),
             "flops": flops[variant.key],
+            "compiled_vs_eager": agreement[variant.name],
         }
         for mode in MODES:
             result[mode] = throughput_stats(variant.seconds[mode], images_per_run)

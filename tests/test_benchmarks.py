@@ -322,6 +322,39 @@ def test_the_bilinear_logits_model_is_asked_for_by_name_and_runs_fewer_flops_tha
     assert bench.count_flops("ni-bilinear", args, "eager") < bench.count_flops("ni-eager", args, "eager")
 
 
+def test_compiled_agreement_flags_a_compiled_model_that_computes_another_function(bench: ModuleType) -> None:
+    """Every compiled speed comes with the compiled training forward against eager: equal runs give 0 and are not
+    flagged, a runner that computes another function is flagged, and without --compile nothing is checked."""
+    argv = ["--batch-size", "2", "--override", "num_function_iterations=1", "--compile"]
+    args = bench.parse_args(argv)
+    variant = bench.make_variant("ni-eager", False, args)
+    variant.runner = variant.model  # the compiled graph's function, without the compile time
+    same = bench.compiled_agreement(variant, args)
+    assert same["max_abs_logit_difference"] < 1e-5 and not same["flagged"]  # grad on and off round apart
+    assert same["compiled_loss"] == pytest.approx(same["eager_loss"])
+
+    def another_function(**inputs):
+        out = variant.model(**inputs)
+        out.logits = out.logits + 1.0  # what a miscompile looks like: logits off by O(1)
+        return out
+
+    variant.runner = another_function
+    other = bench.compiled_agreement(variant, args)
+    assert other["flagged"] and other["max_abs_logit_difference"] == pytest.approx(1.0)
+
+    def failing(**inputs):
+        raise RuntimeError("replay failed")
+
+    variant.runner = failing
+    assert bench.compiled_agreement(variant, args) == {
+        "error": "RuntimeError: replay failed",
+        "flagged": True,
+    }
+    assert bench.compiled_agreement(variant, bench.parse_args(argv[:-1])) is None
+    report_line = bench._fmt_agreement("ni-eager", other)
+    assert "a different function" in report_line
+
+
 def test_cuda_graph_modes_are_recognised_and_skip_the_misleading_memory_reading(bench: ModuleType) -> None:
     """Under CUDA graphs the pool is allocated while recording, so one replayed step's growth is not a peak."""
     assert bench.uses_cuda_graphs(bench.parse_args(["--cuda-graphs"]))
