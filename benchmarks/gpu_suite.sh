@@ -19,7 +19,8 @@
 #   ni-fused ni-bilinear ni-bilinear-columns ni-eager-aligned vit; compiled on a GPU ni-sdpa runs the eager
 #   formulation, ni-fused the same with Eq. 6 through SDPA's fused kernels, ni-bilinear the same with the logits in
 #   the bilinear form, ni-bilinear-columns that with Eq. 6 as A @ [C v, C] too, ni-eager-aligned the eager
-#   formulation on tokens padded to a multiple of 8);
+#   formulation on tokens padded to a multiple of 8); $GRAPH_ARGS adds benchmark.py options (e.g. "--modes training
+#   --repeats 3": one compile per model instead of two, so that more models fit the step's time limit);
 # "profile": benchmarks/profile_gpu.py --shapes $PROFILE_ARGS (device time per step, the heaviest kernels, the
 #   operators by input shape), appended to reports.md;
 # "traffic": benchmarks/memory_traffic.py --device cuda --attention A for each A in $TRAFFIC_ATTENTION (default:
@@ -103,7 +104,7 @@ fi
 if want graphs; then
     # shellcheck disable=SC2086
     step cuda_bf16_cudagraphs "${GRAPHS_LIMIT:-300}" --dtype bfloat16 --cuda-graphs --models ${GRAPH_MODELS:-ni-sdpa ni-fused ni-bilinear ni-bilinear-columns ni-eager-aligned vit} \
-        --no-density
+        --no-density ${GRAPH_ARGS:-}
 fi
 if want profile; then
     echo "== profile ($(date -u +%H:%M:%S), limit ${PROFILE_LIMIT:-120}s)"
