@@ -323,8 +323,8 @@ def test_the_bilinear_logits_model_is_asked_for_by_name_and_runs_fewer_flops_tha
 
 
 def test_compiled_agreement_flags_a_compiled_model_that_computes_another_function(bench: ModuleType) -> None:
-    """Every compiled speed comes with the compiled training forward against eager: equal runs give 0 and are not
-    flagged, a runner that computes another function is flagged, and without --compile nothing is checked."""
+    """Every compiled speed comes with the compiled training forward against eager: equal runs agree to rounding and
+    are not flagged, a runner that computes another function is flagged, and without --compile nothing is checked."""
     argv = ["--batch-size", "2", "--override", "num_function_iterations=1", "--compile"]
     args = bench.parse_args(argv)
     variant = bench.make_variant("ni-eager", False, args)
