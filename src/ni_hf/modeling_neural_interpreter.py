@@ -604,8 +604,10 @@ def _modulated_attention_columns_from_logits(
     probs = torch.softmax(logits * scale, dim=-1)
     columns = _compatibility_columns(value, c_key)
     width = columns.shape[-1]
-    out = probs @ F.pad(columns, (0, -width % column_alignment))
-    return _normalise_columns(out[..., :width], c_key, eps)
+    pad = -width % column_alignment
+    if pad == 0:  # F.pad copies even when it pads nothing
+        return _normalise_columns(probs @ columns, c_key, eps)
+    return _normalise_columns((probs @ F.pad(columns, (0, pad)))[..., :width], c_key, eps)
 
 
 def modulated_attention_eager_bilinear(
