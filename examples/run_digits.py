@@ -63,6 +63,7 @@ from ni_hf.configuration_multitask_vit import MULTITASK_VIT_PRESETS
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS, config_argument_names
 from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
+from ni_hf.data_transfer import batch_transfer_note, default_non_blocking_copies
 from ni_hf.digits_data import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
@@ -432,6 +433,11 @@ class DigitsTrainingArguments(TrainingArguments):
         default_factory=lambda: ["labels", "task_ids"],
         metadata={"help": "Inputs the metrics receive as labels: the class and the task id of every sample."},
     )
+
+    def __post_init__(self) -> None:
+        # before transformers turns accelerator_config into an AcceleratorConfig
+        default_non_blocking_copies(self)
+        super().__post_init__()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1118,6 +1124,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.info(f"{type(model).__name__}: {num_params:,} parameters ({num_trainable:,} trainable)")
+    if note := batch_transfer_note(training_args):
+        logger.info(note)
     processor = NeuralInterpreterImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
     )

@@ -53,6 +53,7 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
+from ni_hf.data_transfer import default_non_blocking_copies
 from ni_hf.digits_data import (
     SKLEARN_TASK,
     SOURCES,
@@ -205,6 +206,11 @@ class AdaptationTrainingArguments(TrainingArguments):
     disable_tqdm: bool | None = field(
         default=True, metadata={"help": "The Trainer's own bar per run (off: the studies show one bar each)."}
     )
+
+    def __post_init__(self) -> None:
+        # before transformers turns accelerator_config into an AcceleratorConfig
+        default_non_blocking_copies(self)
+        super().__post_init__()
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.configuration_neural_interpreter import config_argument_names, parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
+from ni_hf.data_transfer import batch_transfer_note, default_non_blocking_copies
 from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware
@@ -386,7 +387,18 @@ class FuzzyBooleanTrainingArguments(TrainingArguments):
         default=0, metadata={"help": "Keep 0: batches are one tensor index each, workers only add overhead."}
     )
     report_to: None | str | list[str] = field(default="none", metadata={"help": "Logging integrations."})
-    dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin batches (only useful on GPU)."})
+    dataloader_pin_memory: bool = field(
+        default=torch.cuda.is_available(),
+        metadata={
+            "help": "Pin batches (default: on where CUDA is available; then they are also copied to the GPU "
+            "asynchronously, see --accelerator_config)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        # before transformers turns accelerator_config into an AcceleratorConfig
+        default_non_blocking_copies(self)
+        super().__post_init__()
 
 
 class TensorBatchDataset(torch.utils.data.Dataset):
@@ -1277,6 +1289,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     start_time = time.perf_counter()
     logger.info("Protocol %s: %s; torch threads %d", sizes["protocol"], sizes, torch.get_num_threads())
+    if note := batch_transfer_note(base_args):
+        logger.info(note)
     for message in ignored_training_arguments(base_args):
         logger.warning("Ignored, set per phase by the protocol: %s", message)
 
@@ -1573,6 +1587,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
 
     results["timing"] = timing
     results["environment"] = environment()
+    results["environment"]["non_blocking_copies"] = bool(base_args.accelerator_config.non_blocking)
     results["wall_time_s"] = time.perf_counter() - start_time
     if not is_main_process:
         return results
