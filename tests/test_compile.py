@@ -34,6 +34,21 @@ def test_digits_preset_forward_has_no_graph_breaks():
     assert explanation.graph_count == 1
 
 
+def test_multitask_training_forward_with_task_ids_and_labels_has_no_graph_breaks():
+    """The forward run_digits.py compiles: three tasks, each sample's task id and label. The task-id range check
+    (a data-dependent branch, and a host sync) broke it into four graphs until 2026-11-28."""
+    import torch._dynamo as dynamo
+
+    model = _digits_model(task_names=["mnist", "mnistm", "svhn"]).train()
+    explanation = dynamo.explain(model)(
+        pixel_values=torch.randn(4, 3, 32, 32),
+        task_ids=torch.tensor([0, 1, 2, 0]),
+        labels=torch.tensor([1, 2, 3, 4]),
+    )
+    assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"attn_implementation": "eager", "num_loc_layers": 2}],

@@ -214,6 +214,16 @@ def test_every_parameter_gets_a_gradient(tester):
     assert not missing
 
 
+def test_multitask_training_forward_with_task_ids_and_labels_has_no_graph_breaks(tester):
+    """The forward run_digits.py compiles for the baseline; the task-id range check broke it until 2026-11-28."""
+    import torch._dynamo as dynamo
+
+    model = MultiTaskViTForImageClassification(tester.get_config()).train()
+    explanation = dynamo.explain(model)(**tester.prepare_inputs(model.config))
+    assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
 def test_paper_digits_preset_parameter_count():
     """8 layers of 223,104 (bias-free q/k/v), 4x4 patches of 32x32 RGB, 3 CLS tokens and heads: 1.81M (paper: 1.80M)."""
     config = MultiTaskViTConfig.from_paper("digits")

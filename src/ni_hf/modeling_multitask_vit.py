@@ -253,10 +253,12 @@ def _resolve_task_ids(
         raise ValueError(
             f"`task_ids` must have one entry per sample ({batch_size}), got {task_ids.shape[0]}."
         )
+    # One host sync in eager execution; none when compiling (a data-dependent branch would break the graph).
     if (
         task_ids.numel()
         and not task_ids.is_meta
-        and (task_ids.min() < 0 or task_ids.max() >= config.num_tasks)
+        and not torch.compiler.is_compiling()
+        and bool(((task_ids < 0) | (task_ids >= config.num_tasks)).any())
     ):
         raise ValueError(
             f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
