@@ -92,3 +92,40 @@ def test_the_log_line_says_whether_a_step_waits_for_the_one_before():
             dataloader_pin_memory=pinned,
         )
         assert "blocking copies" in batch_transfer_note(slow) and "waits" in batch_transfer_note(slow)
+
+
+@pytest.mark.parametrize(
+    "use_cpu, cuda_available, cores, local_world_size, expected",
+    [
+        (False, True, 16, 1, 8),  # at most 8
+        (False, True, 64, 8, 7),  # eight GPUs: the node's cores shared, one kept for each training loop
+        (False, True, 2, 1, 1),
+        (False, True, 1, 1, 0),  # a worker would take the loop's only core
+        (False, True, 8, 8, 0),
+        (True, True, 16, 1, 0),  # --use_cpu: workers would take the training step's cores
+        (False, False, 16, 1, 0),
+    ],
+)
+def test_default_workers_feed_a_gpu_from_the_processes_share_of_cores(
+    use_cpu, cuda_available, cores, local_world_size, expected
+):
+    workers = data_transfer.default_dataloader_workers(
+        use_cpu, cuda_available=cuda_available, cores=cores, local_world_size=local_world_size
+    )
+    assert workers == expected
+
+
+@pytest.mark.parametrize("script", ["run_digits", "run_digits_adaptation"])
+def test_the_image_scripts_default_to_workers_on_a_gpu_and_none_on_the_cpu(script, monkeypatch, tmp_path):
+    module = load_script(EXAMPLES / f"{script}.py", script)
+    cls = getattr(module, SCRIPTS[script])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(data_transfer, "_cuda_available", lambda: False)
+    assert cls(output_dir=str(tmp_path)).dataloader_num_workers == 0
+    monkeypatch.setattr(data_transfer, "_cuda_available", lambda: True)
+    expected = data_transfer.default_dataloader_workers(False, cuda_available=True)
+    assert cls(output_dir=str(tmp_path)).dataloader_num_workers == expected
+    assert cls(output_dir=str(tmp_path), use_cpu=True).dataloader_num_workers == 0
+    assert (
+        cls(output_dir=str(tmp_path), dataloader_num_workers=3).dataloader_num_workers == 3
+    )  # the user's choice

@@ -11,6 +11,7 @@ short on the GPU (a compiled, CUDA-graphed step of a small model) pays that in f
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -58,3 +59,29 @@ def batch_transfer_note(args: Any) -> str | None:
         f"Batches reach the GPU by blocking copies ({memory} memory, non_blocking={non_blocking}): every step "
         "waits for the GPU to finish the one before."
     )
+
+
+def default_dataloader_workers(
+    use_cpu: bool,
+    cuda_available: bool | None = None,
+    cores: int | None = None,
+    local_world_size: int | None = None,
+    most: int = 8,
+) -> int:
+    """DataLoader worker processes per training process when the user names none: on a GPU, one per core this
+    process may count on (the node's cores over ``LOCAL_WORLD_SIZE``) but one, at most ``most``; on the CPU, none.
+
+    With workers, decoding, resizing and the batch augmentation run beside the GPU's step instead of before it. A
+    process with fewer than two cores of its own gets none (a worker would take the core its loop needs), and so
+    does a CPU run, whose workers would take cores from the training step's own threads.
+    """
+    if cuda_available is None:
+        cuda_available = _cuda_available()
+    if use_cpu or not cuda_available:
+        return 0
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    per_process = cores // max(local_world_size, 1)
+    return min(most, per_process - 1) if per_process >= 2 else 0  # one core stays with the training loop
