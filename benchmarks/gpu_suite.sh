@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of benchmarks/README.md in one go, each step under its own time limit.
 #
-#   bash benchmarks/gpu_suite.sh OUT_DIR [PART[,PART...]|all]  PART: diagnose tests train fp32 bf16 compile graphs
-#                                                  profile traffic
+#   bash benchmarks/gpu_suite.sh OUT_DIR [PART[,PART...]|all]  PART: diagnose tests train transfer fp32 bf16
+#                                                  compile graphs profile traffic
 #
 # Writes OUT_DIR/<step>.json per step, appends the Markdown reports to OUT_DIR/reports.md and the progress logs to
 # OUT_DIR/suite.log, and prints each report. Parts run in the order above, whatever the order asked.
@@ -13,6 +13,10 @@
 #   torch.compile)
 #   for $TRAIN_STEPS steps (default 2000) on the Parquet data under $GPU_DATA (default .gpu/data; skipped when
 #   absent), log in OUT_DIR/train.log, the trained model in OUT_DIR/model (the last checkpoint if the time ran out);
+# "transfer": examples/run_fuzzy_boolean.py's pre-training for $TRANSFER_STEPS steps (default 2048) with
+#   $TRANSFER_ARGS (default: dynamo's CUDA-graphs backend), once with the batches copied to the GPU without blocking
+#   (the scripts' default there) and once with transformers' blocking copy, which synchronises at every step; prints
+#   each run's Trainer step and bare step (medians), logs in OUT_DIR/transfer_<true|false>.log;
 # "fp32", "bf16": float32 and bf16 autocast without compile (all three models; bf16 with the routing density);
 # "compile": bf16 + torch.compile (inductor, default mode);
 # "graphs": bf16 + torch.compile(mode="reduce-overhead"), i.e. CUDA graphs, for $GRAPH_MODELS (default: ni-sdpa
@@ -28,13 +32,13 @@
 #   set at peak bandwidth),
 #   OUT_DIR/traffic_A.json, appended to reports.md; $TRAFFIC_LIMIT seconds each.
 set -u
-out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train fp32 bf16 compile graphs profile traffic}
+out=${1:?usage: gpu_suite.sh OUT_DIR [PART[,PART...]|all], PART one of diagnose tests train transfer fp32 bf16 compile graphs profile traffic}
 part=${2:-all}
 for name in ${part//,/ }; do # a typo would otherwise run nothing and waste a lent GPU's time
     case $name in
-    all | diagnose | tests | train | fp32 | bf16 | compile | graphs | profile | traffic) ;;
+    all | diagnose | tests | train | transfer | fp32 | bf16 | compile | graphs | profile | traffic) ;;
     *)
-        echo "gpu_suite.sh: unknown part '$name'; expected all or some of diagnose tests train fp32 bf16 compile graphs profile traffic" >&2
+        echo "gpu_suite.sh: unknown part '$name'; expected all or some of diagnose tests train transfer fp32 bf16 compile graphs profile traffic" >&2
         exit 2
         ;;
     esac
@@ -92,6 +96,20 @@ if want train && [ -d "$data" ]; then
         mkdir -p "$out/model"
         cp "$trained"/{config.json,model.safetensors,preprocessor_config.json} "$out/model/" && echo "   model from $trained"
     fi
+fi
+if want transfer; then
+    for nb in true false; do
+        echo "== transfer, non_blocking $nb ($(date -u +%H:%M:%S), limit ${TRANSFER_LIMIT:-150}s)"
+        rm -rf "/tmp/ni_transfer_$nb"
+        # shellcheck disable=SC2086
+        timeout "${TRANSFER_LIMIT:-150}" "$python" -u examples/run_fuzzy_boolean.py --protocol full --settings none \
+            --pretrain_max_steps "${TRANSFER_STEPS:-2048}" --save_strategy no --disable_tqdm true --logging_steps 512 \
+            --report_to none --accelerator_config "{\"non_blocking\": $nb}" --output_dir "/tmp/ni_transfer_$nb" \
+            ${TRANSFER_ARGS---torch_compile true --torch_compile_backend cudagraphs} >"$out/transfer_$nb.log" 2>&1
+        echo "   exit $? at $(date -u +%H:%M:%S)"
+        { echo "non_blocking $nb:"; grep -h "Pre-training step" "/tmp/ni_transfer_$nb/fuzzy_boolean_results.md"; } |
+            tee -a "$out/reports.md"
+    done
 fi
 want fp32 && step cuda_fp32_eager 150 --dtype float32 --models ni-sdpa ni-eager vit --no-density
 want bf16 && step cuda_bf16_eager 150 --dtype bfloat16 --models ni-sdpa ni-eager vit
