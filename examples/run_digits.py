@@ -63,7 +63,7 @@ from ni_hf.configuration_multitask_vit import MULTITASK_VIT_PRESETS
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS, config_argument_names
 from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
-from ni_hf.data_transfer import batch_transfer_note, default_dataloader_workers, default_non_blocking_copies
+from ni_hf.data_transfer import DATALOADER_WORKERS_HELP, apply_gpu_loading_defaults, batch_transfer_note
 from ni_hf.digits_data import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
@@ -434,21 +434,11 @@ class DigitsTrainingArguments(TrainingArguments):
         metadata={"help": "Inputs the metrics receive as labels: the class and the task id of every sample."},
     )
 
-    dataloader_num_workers: int | None = field(
-        default=None,
-        metadata={
-            "help": "DataLoader worker processes per training process; they decode and resize the images (and run "
-            "RandAugment with --randaugment_where auto) beside the training step. Default: where CUDA is available, "
-            "one per core of this process's share of the machine (cores / LOCAL_WORLD_SIZE) but one, at most 8; "
-            "on the CPU 0 (workers would take cores from the training step's threads)."
-        },
-    )
+    dataloader_num_workers: int | None = field(default=None, metadata={"help": DATALOADER_WORKERS_HELP})
 
     def __post_init__(self) -> None:
         # before transformers turns accelerator_config into an AcceleratorConfig
-        default_non_blocking_copies(self)
-        if self.dataloader_num_workers is None:
-            self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
+        apply_gpu_loading_defaults(self)
         super().__post_init__()
 
 

@@ -53,7 +53,7 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.data_transfer import default_dataloader_workers, default_non_blocking_copies
+from ni_hf.data_transfer import DATALOADER_WORKERS_HELP, apply_gpu_loading_defaults
 from ni_hf.digits_data import (
     SKLEARN_TASK,
     SOURCES,
@@ -207,21 +207,11 @@ class AdaptationTrainingArguments(TrainingArguments):
         default=True, metadata={"help": "The Trainer's own bar per run (off: the studies show one bar each)."}
     )
 
-    dataloader_num_workers: int | None = field(
-        default=None,
-        metadata={
-            "help": "DataLoader worker processes per training process; they decode and resize the images (and run "
-            "RandAugment with --randaugment_where auto) beside the training step. Default: where CUDA is available, "
-            "one per core of this process's share of the machine (cores / LOCAL_WORLD_SIZE) but one, at most 8; "
-            "on the CPU 0 (workers would take cores from the training step's threads)."
-        },
-    )
+    dataloader_num_workers: int | None = field(default=None, metadata={"help": DATALOADER_WORKERS_HELP})
 
     def __post_init__(self) -> None:
         # before transformers turns accelerator_config into an AcceleratorConfig
-        default_non_blocking_copies(self)
-        if self.dataloader_num_workers is None:
-            self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
+        apply_gpu_loading_defaults(self)
         super().__post_init__()
 
 

@@ -81,7 +81,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.configuration_neural_interpreter import config_argument_names, parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
-from ni_hf.data_transfer import batch_transfer_note, default_non_blocking_copies
+from ni_hf.data_transfer import apply_gpu_loading_defaults, batch_transfer_note
 from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware
@@ -397,7 +397,7 @@ class FuzzyBooleanTrainingArguments(TrainingArguments):
 
     def __post_init__(self) -> None:
         # before transformers turns accelerator_config into an AcceleratorConfig
-        default_non_blocking_copies(self)
+        apply_gpu_loading_defaults(self)
         super().__post_init__()
 
 

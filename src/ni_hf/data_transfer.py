@@ -16,6 +16,13 @@ from typing import Any
 
 import torch
 
+DATALOADER_WORKERS_HELP = (
+    "DataLoader worker processes per training process; they decode and resize the images (and run RandAugment "
+    "with --randaugment_where auto) beside the training step. Default: where CUDA is available, one per core of "
+    "this process's share of the machine (cores / LOCAL_WORLD_SIZE) but one, at most 8; on the CPU 0 (workers "
+    "would take cores from the training step's threads)."
+)
+
 NON_BLOCKING_NOTE = (
     "On a GPU, batches are pinned and copied asynchronously unless you pass --accelerator_config (e.g. "
     "'{\"non_blocking\": false}'): transformers' default blocking copy makes every step wait for the previous one."
@@ -85,3 +92,12 @@ def default_dataloader_workers(
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     per_process = cores // max(local_world_size, 1)
     return min(most, per_process - 1) if per_process >= 2 else 0  # one core stays with the training loop
+
+
+def apply_gpu_loading_defaults(args: Any) -> None:
+    """The example scripts' defaults for feeding a GPU: non-blocking copies of pinned batches
+    (:func:`default_non_blocking_copies`), and, where ``dataloader_num_workers`` is left at None, the workers of
+    :func:`default_dataloader_workers`. Call it first in a ``TrainingArguments`` subclass's ``__post_init__``."""
+    default_non_blocking_copies(args)
+    if getattr(args, "dataloader_num_workers", 0) is None:
+        args.dataloader_num_workers = default_dataloader_workers(args.use_cpu)
