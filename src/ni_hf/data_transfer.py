@@ -23,11 +23,6 @@ DATALOADER_WORKERS_HELP = (
     "would take cores from the training step's threads)."
 )
 
-NON_BLOCKING_NOTE = (
-    "On a GPU, batches are pinned and copied asynchronously unless you pass --accelerator_config (e.g. "
-    "'{\"non_blocking\": false}'): transformers' default blocking copy makes every step wait for the previous one."
-)
-
 
 def _cuda_available() -> bool:
     return torch.cuda.is_available()
