@@ -13,6 +13,7 @@
 #   torch.compile)
 #   for $TRAIN_STEPS steps (default 2000) on the Parquet data under $GPU_DATA (default .gpu/data; skipped when
 #   absent), log in OUT_DIR/train.log, the trained model in OUT_DIR/model (the last checkpoint if the time ran out);
+#   $TRAIN_ARGS adds options (e.g. "--torch_compile_mode reduce-overhead");
 # "transfer": examples/run_fuzzy_boolean.py's pre-training for $TRANSFER_STEPS steps (default 2048) with
 #   $TRANSFER_ARGS (default: dynamo's CUDA-graphs backend), once with the batches copied to the GPU without blocking
 #   (the scripts' default there) and once with transformers' blocking copy, which synchronises at every step; prints
@@ -83,10 +84,11 @@ if want train && [ -d "$data" ]; then
     steps=${TRAIN_STEPS:-2000}
     echo "== train ($(date -u +%H:%M:%S), $steps steps on $data, limit ${TRAIN_LIMIT:-300}s)"
     rm -rf /tmp/ni_train
+    # shellcheck disable=SC2086
     timeout "${TRAIN_LIMIT:-300}" "$python" -u examples/run_digits.py --data_dir "$data" --output_dir /tmp/ni_train \
         --max_steps "$steps" --bf16 true --torch_compile true --dataloader_num_workers 8 --dataloader_drop_last true \
         --eval_strategy no --do_eval false --save_strategy steps --save_steps 500 --save_total_limit 1 \
-        --logging_steps 100 --report_to none >"$out/train.log" 2>&1
+        --logging_steps 100 --report_to none ${TRAIN_ARGS:-} >"$out/train.log" 2>&1
     echo "   exit $? at $(date -u +%H:%M:%S)"
     tr '\r' '\n' <"$out/train.log" | grep -E "it/s\]|s/it\]" | tail -n 3
     grep -o "{'train_runtime[^}]*}" "$out/train.log"
