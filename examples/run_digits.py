@@ -1117,6 +1117,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for name, n_train, n_eval in zip(task_names, train_counts, eval_counts, strict=True):
         logger.info(f"Dataset {name!r} ({source}): {n_train} training samples, {n_eval} test samples")
 
+    if config.problem_type is None:
+        # Set here rather than inferred in the first forward, where transformers' classifiers write it into the
+        # config: under --torch_compile that change would recompile the model at its second step.
+        config.problem_type = "single_label_classification"
     model_class = ARCHITECTURES[model_args.architecture][1]
     if model_args.model_name_or_path is not None:
         model = model_class.from_pretrained(model_args.model_name_or_path, config=config)

@@ -338,9 +338,12 @@ def load_pretrained(
     )
     transformers.utils.logging.disable_progress_bar()
     try:
-        return model_class.from_pretrained(path)
+        model = model_class.from_pretrained(path)
     finally:
         transformers.utils.logging.enable_progress_bar()
+    if model.config.problem_type is None:  # not inferred in a compiled forward, which would then recompile
+        model.config.problem_type = "single_label_classification"
+    return model
 
 
 def trainable_parameters(model: torch.nn.Module) -> int:

@@ -49,6 +49,31 @@ def test_multitask_training_forward_with_task_ids_and_labels_has_no_graph_breaks
     assert explanation.graph_count == 1
 
 
+def test_compiled_training_compiles_once_for_steps_of_one_shape():
+    """The loss's problem type is inferred in the first forward and, eagerly, written into the config (as
+    transformers' classifiers do); while compiling it is not written, since the graph guards on it being unset and
+    would be compiled again at the second step."""
+    compiles = []
+
+    def counting_backend(graph_module, example_inputs):
+        compiles.append(len(example_inputs))
+        return graph_module.forward
+
+    model = _digits_model(task_names=["mnist", "mnistm", "svhn"]).train()
+    assert model.config.problem_type is None
+    compiled = torch.compile(model, backend=counting_backend)
+    for _ in range(3):
+        inputs = {
+            "pixel_values": torch.randn(2, 3, 32, 32),
+            "task_ids": torch.tensor([0, 2]),
+            "labels": torch.tensor([1, 7]),
+        }
+        compiled(**inputs).loss.backward()
+    assert len(compiles) == 1
+    model(**inputs)  # eagerly, the inferred problem type is written into the config, as transformers does
+    assert model.config.problem_type == "single_label_classification"
+
+
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"attn_implementation": "eager", "num_loc_layers": 2}],

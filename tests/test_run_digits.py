@@ -331,6 +331,31 @@ def test_an_evaluation_at_the_last_step_is_the_final_one_and_is_not_run_again(
     assert saved["eval_accuracy"] == last["eval_accuracy"] and saved["eval_samples"] > 0
 
 
+@pytest.mark.parametrize("architecture", ["neural_interpreter", "vit"])
+def test_the_problem_type_is_set_before_the_first_forward(architecture, data_dir, tmp_path, monkeypatch):
+    """The script sets it, so no (compiled) forward writes it into the config, which would recompile at step 2."""
+    seen = []
+
+    class Recording(run_digits.DigitsTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.model.config.problem_type)
+
+    monkeypatch.setattr(run_digits, "DigitsTrainer", Recording)
+    args = tiny_args(tmp_path / "out", data_dir, "--save_strategy", "no", "--randaugment", "false")
+    args[args.index("--max_steps") + 1] = "1"
+    if architecture == "vit":
+        args[args.index("--config_overrides") : args.index("--config_overrides") + 2] = [
+            "--architecture",
+            "vit",
+            "--config_overrides",
+            "hidden_size=16,num_hidden_layers=1,num_attention_heads=2,intermediate_size=16",
+        ]
+    with isolated_run(tmp_path / "hf_home"):
+        run_digits.main(args)
+    assert seen == ["single_label_classification"]
+
+
 # --------------------------------------------------------------------------------------- one process
 
 

@@ -109,6 +109,14 @@ def test_capacity_extension_trains_only_codes_signatures_cls_token_and_head(
     assert any(name.endswith(".signatures") for name in trainable)  # the preset freezes them in pre-training
 
 
+def test_a_loaded_checkpoint_has_its_problem_type_before_the_first_forward(
+    script: ModuleType, checkpoint: Path
+) -> None:
+    """So that no (compiled) forward writes it into the config, which would recompile the model at step 2."""
+    assert json.loads((checkpoint / "config.json").read_text()).get("problem_type") is None
+    assert script.load_pretrained(str(checkpoint)).config.problem_type == "single_label_classification"
+
+
 def test_bad_requests_name_what_was_expected(script: ModuleType, checkpoint: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown"):
         script.main(

@@ -1907,21 +1907,26 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor, config) -> t
     labels = labels.to(logits.device)
     if labels.shape[0] != batch_size:
         raise ValueError(f"`labels` must have one entry per sample ({batch_size}), got {labels.shape[0]}.")
-    if config.problem_type is None:
+    problem_type = config.problem_type
+    if problem_type is None:
         if num_labels == 1:
-            config.problem_type = "regression"
+            problem_type = "regression"
         elif labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
+            problem_type = "single_label_classification"
         else:
-            config.problem_type = "multi_label_classification"
+            problem_type = "multi_label_classification"
+        # Written into the config as transformers does, but not while compiling: the compiled graph guards on
+        # `problem_type is None`, and changing it would recompile the model at its second call.
+        if not torch.compiler.is_compiling():
+            config.problem_type = problem_type
     logits = logits.float()
-    if config.problem_type == "regression":
+    if problem_type == "regression":
         if labels.numel() != batch_size * num_labels:
             raise ValueError(
                 f"Regression `labels` must have shape (batch, {num_labels}), got {tuple(labels.shape)}."
             )
         return F.mse_loss(logits, labels.float().reshape(logits.shape))
-    if config.problem_type == "single_label_classification":
+    if problem_type == "single_label_classification":
         if labels.is_floating_point() or labels.dtype == torch.bool or labels.numel() != batch_size:
             raise ValueError(
                 f"Single-label classification needs integer class indices of shape (batch,), got {labels.dtype} "
