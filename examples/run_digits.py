@@ -63,7 +63,13 @@ from ni_hf.configuration_multitask_vit import MULTITASK_VIT_PRESETS
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS, config_argument_names
 from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
-from ni_hf.data_transfer import DATALOADER_WORKERS_HELP, apply_gpu_loading_defaults, batch_transfer_note
+from ni_hf.data_transfer import (
+    DATALOADER_WORKERS_HELP,
+    STATIC_BATCHES_NOTE,
+    apply_gpu_loading_defaults,
+    batch_transfer_note,
+    compile_for_static_batches,
+)
 from ni_hf.digits_data import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
@@ -1090,6 +1096,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if training_args.keep_freed_memory and training_args.device.type == "cpu":
         keep_freed_memory()
     set_seed(training_args.seed)
+    if compile_for_static_batches(training_args):
+        logger.info(STATIC_BATCHES_NOTE)
     if model_args.model_name_or_path is not None:
         model_args.architecture, config = load_checkpoint_config(model_args)
         source, requested = resolve_data_arguments(data_args, default_tasks=list(config.task_names))

@@ -53,7 +53,12 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.data_transfer import DATALOADER_WORKERS_HELP, apply_gpu_loading_defaults
+from ni_hf.data_transfer import (
+    DATALOADER_WORKERS_HELP,
+    STATIC_BATCHES_NOTE,
+    apply_gpu_loading_defaults,
+    compile_for_static_batches,
+)
 from ni_hf.digits_data import (
     SKLEARN_TASK,
     SOURCES,
@@ -674,6 +679,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
     )
     logger.setLevel(logging.INFO if base.should_log else logging.WARNING)
+    if compile_for_static_batches(base):
+        logger.info(STATIC_BATCHES_NOTE)
     studies = [s.strip() for s in exp.studies.split(",") if s.strip()]
     unknown = [s for s in studies if s not in STUDIES]
     if unknown or not studies:

@@ -81,7 +81,12 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.configuration_neural_interpreter import config_argument_names, parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
-from ni_hf.data_transfer import apply_gpu_loading_defaults, batch_transfer_note
+from ni_hf.data_transfer import (
+    STATIC_BATCHES_NOTE,
+    apply_gpu_loading_defaults,
+    batch_transfer_note,
+    compile_for_static_batches,
+)
 from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware
@@ -1291,6 +1296,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     logger.info("Protocol %s: %s; torch threads %d", sizes["protocol"], sizes, torch.get_num_threads())
     if note := batch_transfer_note(base_args):
         logger.info(note)
+    if compile_for_static_batches(base_args):
+        logger.info(STATIC_BATCHES_NOTE)
     for message in ignored_training_arguments(base_args):
         logger.warning("Ignored, set per phase by the protocol: %s", message)
 

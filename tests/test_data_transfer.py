@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -129,3 +130,15 @@ def test_the_image_scripts_default_to_workers_on_a_gpu_and_none_on_the_cpu(scrip
     assert (
         cls(output_dir=str(tmp_path), dataloader_num_workers=3).dataloader_num_workers == 3
     )  # the user's choice
+
+
+def test_compile_for_static_batches_sets_accelerates_switch_unless_the_user_did(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "")  # so that teardown restores what was there before
+    monkeypatch.delenv("ACCELERATE_DYNAMO_USE_DYNAMIC")
+    assert not data_transfer.compile_for_static_batches(SimpleNamespace(torch_compile=False))
+    assert "ACCELERATE_DYNAMO_USE_DYNAMIC" not in os.environ
+    assert data_transfer.compile_for_static_batches(SimpleNamespace(torch_compile=True))
+    assert os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] == "false"
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "true")
+    assert not data_transfer.compile_for_static_batches(SimpleNamespace(torch_compile=True))
+    assert os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] == "true"

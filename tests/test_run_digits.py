@@ -356,6 +356,25 @@ def test_the_problem_type_is_set_before_the_first_forward(architecture, data_dir
     assert seen == ["single_label_classification"]
 
 
+def test_a_compiled_run_compiles_for_static_batches(data_dir, tmp_path, monkeypatch):
+    """An epoch's last, smaller batch must not turn the compiled graph dynamic for every later step."""
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "")  # so that teardown restores what was there before
+    monkeypatch.delenv("ACCELERATE_DYNAMO_USE_DYNAMIC")
+    seen = []
+
+    class Recording(run_digits.DigitsTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.accelerator.state.dynamo_plugin.dynamic)
+
+    monkeypatch.setattr(run_digits, "DigitsTrainer", Recording)
+    args = tiny_args(tmp_path / "out", data_dir, "--save_strategy", "no", "--randaugment", "false")
+    args[args.index("--max_steps") + 1] = "1"
+    with isolated_run(tmp_path / "hf_home"):
+        run_digits.main([*args, "--torch_compile", "true", "--torch_compile_backend", "eager"])
+    assert seen == [False]
+
+
 # --------------------------------------------------------------------------------------- one process
 
 

@@ -23,6 +23,11 @@ DATALOADER_WORKERS_HELP = (
     "would take cores from the training step's threads)."
 )
 
+STATIC_BATCHES_NOTE = (
+    "torch.compile for static shapes (ACCELERATE_DYNAMO_USE_DYNAMIC=false): an epoch's last, smaller batch gets a "
+    "graph of its own, and the full batches keep theirs."
+)
+
 
 def _cuda_available() -> bool:
     return torch.cuda.is_available()
@@ -96,3 +101,18 @@ def apply_gpu_loading_defaults(args: Any) -> None:
     default_non_blocking_copies(args)
     if getattr(args, "dataloader_num_workers", 0) is None:
         args.dataloader_num_workers = default_dataloader_workers(args.use_cpu)
+
+
+def compile_for_static_batches(args: Any) -> bool:
+    """Under ``--torch_compile``, have the Trainer compile for static shapes; return whether this set it.
+
+    An epoch whose size is no multiple of the batch ends in a smaller batch. With dynamo's default (automatic dynamic
+    shapes) that batch makes it compile the model again with a dynamic batch dimension, and every later step, full
+    batches included, runs the dynamic graph. ``dynamic=False`` compiles the last batch's size as a second static
+    graph and keeps the full batches on the first. The Trainer takes ``dynamic`` from accelerate's
+    ``ACCELERATE_DYNAMO_USE_DYNAMIC``; a value the user set stands.
+    """
+    if not getattr(args, "torch_compile", False) or "ACCELERATE_DYNAMO_USE_DYNAMIC" in os.environ:
+        return False
+    os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = "false"
+    return True
