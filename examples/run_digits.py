@@ -441,6 +441,13 @@ class DigitsTrainingArguments(TrainingArguments):
     )
 
     dataloader_num_workers: int | None = field(default=None, metadata={"help": DATALOADER_WORKERS_HELP})
+    dataloader_pin_memory: bool = field(
+        default=torch.cuda.is_available(),
+        metadata={
+            "help": "Pin batches (default: where CUDA is available, and then they are copied to the GPU "
+            "asynchronously; transformers' default, true, only draws a warning on a machine without one)."
+        },
+    )
 
     def __post_init__(self) -> None:
         # before transformers turns accelerator_config into an AcceleratorConfig

@@ -69,14 +69,15 @@ def test_each_scripts_training_arguments_turn_on_non_blocking_copies_where_cuda_
     assert not cls(output_dir=str(tmp_path), dataloader_pin_memory=True).accelerator_config.non_blocking
 
 
-def test_the_fuzzy_boolean_script_pins_batches_by_default_only_where_cuda_is():
-    module = load_script(EXAMPLES / "run_fuzzy_boolean.py", "run_fuzzy_boolean")
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_each_script_pins_batches_by_default_only_where_cuda_is(script):
+    module = load_script(EXAMPLES / f"{script}.py", script)
     default = next(
         f.default
-        for f in dataclasses.fields(module.FuzzyBooleanTrainingArguments)
+        for f in dataclasses.fields(getattr(module, SCRIPTS[script]))
         if f.name == "dataloader_pin_memory"
     )
-    assert default is torch.cuda.is_available()
+    assert default is torch.cuda.is_available()  # no pin-memory warning on a CPU-only machine
 
 
 def test_the_log_line_says_whether_a_step_waits_for_the_one_before():
