@@ -65,6 +65,7 @@ from ni_hf.configuration_neural_interpreter import parse_config_overrides as _pa
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.data_transfer import (
     DATALOADER_WORKERS_HELP,
+    PIN_MEMORY_HELP,
     STATIC_BATCHES_NOTE,
     apply_gpu_loading_defaults,
     batch_transfer_note,
@@ -441,13 +442,7 @@ class DigitsTrainingArguments(TrainingArguments):
     )
 
     dataloader_num_workers: int | None = field(default=None, metadata={"help": DATALOADER_WORKERS_HELP})
-    dataloader_pin_memory: bool = field(
-        default=torch.cuda.is_available(),
-        metadata={
-            "help": "Pin batches (default: where CUDA is available, and then they are copied to the GPU "
-            "asynchronously; transformers' default, true, only draws a warning on a machine without one)."
-        },
-    )
+    dataloader_pin_memory: bool = field(default=torch.cuda.is_available(), metadata={"help": PIN_MEMORY_HELP})
 
     def __post_init__(self) -> None:
         # before transformers turns accelerator_config into an AcceleratorConfig

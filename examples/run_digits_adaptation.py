@@ -55,6 +55,7 @@ from ni_hf import (
 )
 from ni_hf.data_transfer import (
     DATALOADER_WORKERS_HELP,
+    PIN_MEMORY_HELP,
     STATIC_BATCHES_NOTE,
     apply_gpu_loading_defaults,
     compile_for_static_batches,
@@ -204,10 +205,7 @@ class AdaptationTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Must stay false: the images are preprocessed by a dataset transform."},
     )
-    dataloader_pin_memory: bool = field(
-        default=torch.cuda.is_available(),
-        metadata={"help": "Pin batches in memory (only useful with a GPU)."},
-    )
+    dataloader_pin_memory: bool = field(default=torch.cuda.is_available(), metadata={"help": PIN_MEMORY_HELP})
     disable_tqdm: bool | None = field(
         default=True, metadata={"help": "The Trainer's own bar per run (off: the studies show one bar each)."}
     )

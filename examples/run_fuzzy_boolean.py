@@ -82,6 +82,7 @@ from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.configuration_neural_interpreter import config_argument_names, parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
 from ni_hf.data_transfer import (
+    PIN_MEMORY_HELP,
     STATIC_BATCHES_NOTE,
     apply_gpu_loading_defaults,
     batch_transfer_note,
@@ -392,13 +393,7 @@ class FuzzyBooleanTrainingArguments(TrainingArguments):
         default=0, metadata={"help": "Keep 0: batches are one tensor index each, workers only add overhead."}
     )
     report_to: None | str | list[str] = field(default="none", metadata={"help": "Logging integrations."})
-    dataloader_pin_memory: bool = field(
-        default=torch.cuda.is_available(),
-        metadata={
-            "help": "Pin batches (default: on where CUDA is available; then they are also copied to the GPU "
-            "asynchronously, see --accelerator_config)."
-        },
-    )
+    dataloader_pin_memory: bool = field(default=torch.cuda.is_available(), metadata={"help": PIN_MEMORY_HELP})
 
     def __post_init__(self) -> None:
         # before transformers turns accelerator_config into an AcceleratorConfig

@@ -23,6 +23,11 @@ DATALOADER_WORKERS_HELP = (
     "would take cores from the training step's threads)."
 )
 
+PIN_MEMORY_HELP = (
+    "Pin batches in memory (default: where CUDA is available; then they are also copied to the GPU asynchronously, "
+    "see --accelerator_config; transformers' default, true, only draws a warning on a machine without a GPU)."
+)
+
 STATIC_BATCHES_NOTE = (
     "torch.compile for static shapes (ACCELERATE_DYNAMO_USE_DYNAMIC=false): an epoch's last, smaller batch gets a "
     "graph of its own, and the full batches keep theirs."
