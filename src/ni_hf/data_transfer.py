@@ -1,4 +1,5 @@
-"""How the example scripts' batches reach a GPU: pinned memory and asynchronous copies, so no step waits.
+"""How the example scripts feed a GPU: pinned batches copied asynchronously (so no step waits for the one before),
+DataLoader workers by default, and static shapes under torch.compile (the last three functions say why).
 
 transformers' Trainer copies each batch to the device through accelerate with ``non_blocking=False``
 (``AcceleratorConfig.non_blocking``'s default). PyTorch carries out such a host-to-device copy and then
