@@ -1,4 +1,8 @@
-"""Tests for `NeuralInterpreterImageProcessor` (PIL backend, patchified pixel values)."""
+"""Tests for the image processors (patchified pixel values): `NeuralInterpreterImageProcessor` (PIL backend) and
+`NeuralInterpreterImageProcessorTorchvision` (torchvision backend; its tests skip where torchvision is not installed).
+
+The `processor` fixture runs every behaviour test on both backends; the backend tests below check that the two give
+the same values, errors and saved files, and that AutoImageProcessor picks the one transformers would."""
 
 import json
 import os
@@ -12,19 +16,28 @@ import PIL.Image
 import pytest
 import torch
 from transformers import AutoImageProcessor, BatchFeature
+from transformers.utils import is_torchvision_available
 
 from ni_hf.configuration_neural_interpreter import NeuralInterpreterConfig
-from ni_hf.image_processing_neural_interpreter import NeuralInterpreterImageProcessor, patchify, unpatchify
+from ni_hf.image_processing_neural_interpreter import (
+    NeuralInterpreterImageProcessor,
+    NeuralInterpreterImageProcessorTorchvision,
+    patchify,
+    unpatchify,
+)
+
+needs_torchvision = pytest.mark.skipif(not is_torchvision_available(), reason="torchvision is not installed")
+BACKENDS = {"pil": NeuralInterpreterImageProcessor, "torchvision": NeuralInterpreterImageProcessorTorchvision}
 
 RNG = np.random.default_rng(0)
 RGB32 = RNG.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
 GRAY32 = RNG.integers(0, 256, size=(32, 32), dtype=np.uint8)
 
 
-@pytest.fixture
-def processor() -> NeuralInterpreterImageProcessor:
-    """Processor with the default settings."""
-    return NeuralInterpreterImageProcessor()
+@pytest.fixture(params=["pil", pytest.param("torchvision", marks=needs_torchvision)])
+def processor(request: pytest.FixtureRequest) -> NeuralInterpreterImageProcessor:
+    """Processor with the default settings, of each backend."""
+    return BACKENDS[request.param]()
 
 
 def reference_patchify(images: torch.Tensor, p: int) -> torch.Tensor:
@@ -128,10 +141,26 @@ def test_4d_batch_array(processor: NeuralInterpreterImageProcessor) -> None:
 
 
 def test_return_tensors_none_gives_float32_numpy_list(processor: NeuralInterpreterImageProcessor) -> None:
-    """Without return_tensors the output is a list of float32 numpy arrays."""
+    """Without return_tensors the output is a list of float32 arrays of the backend (numpy for PIL, torch else)."""
     out = processor([RGB32, GRAY32])["pixel_values"]
     assert isinstance(out, list) and len(out) == 2
-    assert all(isinstance(x, np.ndarray) and x.shape == (64, 48) and x.dtype == np.float32 for x in out)
+    kind, dtype = (np.ndarray, np.float32) if processor.backend == "pil" else (torch.Tensor, torch.float32)
+    assert all(isinstance(x, kind) and tuple(x.shape) == (64, 48) and x.dtype == dtype for x in out)
+
+
+def test_image_files_are_read_as_rgb(processor: NeuralInterpreterImageProcessor, tmp_path: Path) -> None:
+    """A path is decoded by PIL and converted to RGB, on both backends (so they read the same pixels)."""
+    paths = {"gray.png": PIL.Image.fromarray(GRAY32), "rgb.jpg": PIL.Image.fromarray(RGB32)}
+    for name, image in paths.items():
+        image.save(tmp_path / name)
+        expected = processor(PIL.Image.open(tmp_path / name).convert("RGB"), return_tensors="pt")[
+            "pixel_values"
+        ]
+        torch.testing.assert_close(
+            processor(str(tmp_path / name), return_tensors="pt")["pixel_values"], expected
+        )
+    batch = processor([str(tmp_path / name) for name in paths], return_tensors="pt")["pixel_values"]
+    assert batch.shape == (2, 64, 48)
 
 
 def test_patch_layout_matches_einops_reference(processor: NeuralInterpreterImageProcessor) -> None:
@@ -272,7 +301,7 @@ def test_auto_image_processor_after_register(tmp_path: Path) -> None:
         exist_ok=True,
     )
     NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(tmp_path)
-    loaded = AutoImageProcessor.from_pretrained(tmp_path)
+    loaded = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
     assert type(loaded) is NeuralInterpreterImageProcessor
     assert loaded.patch_size == 8
 
@@ -382,6 +411,7 @@ def test_sixteen_bit_values_are_flagged(processor: NeuralInterpreterImageProcess
     from transformers.utils import logging
 
     logger = logging.get_logger("ni_hf.image_processing_neural_interpreter")
+    logger.warning_once.cache_clear()  # the other backend's run may have said it already
     with CaptureLogger(logger) as captured:
         processor(images=np.full((32, 32), 60000, dtype=np.uint16), return_tensors="np")
     assert "above 255" in captured.out
@@ -394,7 +424,7 @@ def test_mixed_sizes_without_resizing_name_the_way_out(processor: NeuralInterpre
     as_list = processor(images=images, do_resize=False, return_tensors=None, do_patchify=False)[
         "pixel_values"
     ]
-    assert [image.shape for image in as_list] == [(3, 32, 32), (3, 16, 16)]
+    assert [tuple(image.shape) for image in as_list] == [(3, 32, 32), (3, 16, 16)]
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -407,3 +437,130 @@ def test_non_finite_pixels_are_refused_naming_the_image(
         processor(images=images, return_tensors="pt")
     with pytest.raises(ValueError, match="Image 0 contains NaN"):
         processor(images=torch.from_numpy(images[2]).permute(2, 0, 1), return_tensors="pt")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The two backends
+# ----------------------------------------------------------------------------------------------------------
+
+ONE_GREY_LEVEL = 1 / 255 / 0.5  # one uint8 step after the default rescale and normalization
+
+
+def fallback_warnings(load) -> tuple[object, str]:
+    """Run `load()` and return its result and what transformers' auto module logged (its warnings are once-only)."""
+    from transformers.models.auto import image_processing_auto
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    image_processing_auto.logger.warning_once.cache_clear()
+    with CaptureLogger(logging.get_logger(image_processing_auto.__name__)) as captured:
+        result = load()
+    return result, captured.out
+
+
+def test_auto_image_processor_maps_each_backend_to_its_processor() -> None:
+    """Both configs register a PIL and a torchvision processor, as transformers' models do."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING
+
+    from ni_hf import MultiTaskViTConfig
+
+    for config_class in (NeuralInterpreterConfig, MultiTaskViTConfig):
+        assert IMAGE_PROCESSOR_MAPPING[config_class] == BACKENDS
+
+
+@pytest.mark.skipif(is_torchvision_available(), reason="checks the machine without torchvision")
+def test_without_torchvision_auto_gives_the_pil_processor_and_the_torchvision_one_says_what_it_needs(
+    tmp_path: Path,
+) -> None:
+    NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(tmp_path)
+    loaded, logged = fallback_warnings(lambda: AutoImageProcessor.from_pretrained(tmp_path))
+    assert type(loaded) is NeuralInterpreterImageProcessor and loaded.patch_size == 8
+    assert "Falling back" not in logged
+    with pytest.raises(ImportError, match="needs torchvision.*NeuralInterpreterImageProcessor"):
+        AutoImageProcessor.from_pretrained(tmp_path, backend="torchvision")
+    with pytest.raises(ImportError, match="needs torchvision"):
+        NeuralInterpreterImageProcessorTorchvision()
+
+
+@needs_torchvision
+def test_with_torchvision_auto_gives_the_torchvision_processor_without_a_fallback_warning(
+    tmp_path: Path,
+) -> None:
+    """As for transformers' own models; before the torchvision processor existed, every load warned and fell back."""
+    NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(tmp_path)
+    loaded, logged = fallback_warnings(lambda: AutoImageProcessor.from_pretrained(tmp_path))
+    assert type(loaded) is NeuralInterpreterImageProcessorTorchvision and loaded.patch_size == 8
+    assert "Falling back" not in logged
+    pil = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
+    assert type(pil) is NeuralInterpreterImageProcessor and pil.patch_size == 8
+
+
+@needs_torchvision
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_torchvision_processor_gives_the_pil_processors_values(name: str) -> None:
+    """Equal values where nothing is resized down; where it is, one grey level apart at most (rounding)."""
+    image = INPUTS[name]()
+    expected = NeuralInterpreterImageProcessor()(image, return_tensors="pt")["pixel_values"]
+    got = NeuralInterpreterImageProcessorTorchvision()(image, return_tensors="pt")["pixel_values"]
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    downsampled = name in ("pil_large", "torch_chw_float")  # 100 x 60 and 20 x 28 images: antialiased
+    torch.testing.assert_close(got, expected, rtol=0, atol=ONE_GREY_LEVEL * 1.001 if downsampled else 1e-6)
+
+
+@needs_torchvision
+def test_torchvision_processor_upsamples_digits_exactly_as_pil() -> None:
+    """The digits sources, 8 x 8 (scikit-learn) and 28 x 28 (MNIST, MNIST-M) images resized up to 32 x 32, get the
+    same uint8 values from both backends; only the rescale and normalization round differently (float32)."""
+    raw = {"do_rescale": False, "do_normalize": False, "do_patchify": False, "return_tensors": "pt"}
+    for size in [(8, 8), (28, 28), (28, 28, 3)]:
+        image = RNG.integers(0, 256, size=size, dtype=np.uint8)
+        expected = NeuralInterpreterImageProcessor()(image, **raw)["pixel_values"]
+        got = NeuralInterpreterImageProcessorTorchvision()(image, **raw)["pixel_values"]
+        assert expected.shape == (1, 3, 32, 32) and torch.equal(got, expected)
+
+
+@needs_torchvision
+@pytest.mark.parametrize(
+    "images,error",
+    [
+        (np.zeros((32, 32, 4), np.uint8), ValueError),
+        (torch.zeros(5, 32, 32), ValueError),
+        (torch.zeros(1, 1, 3, 32, 32), ValueError),
+        ([RGB32, 3], ValueError),
+        (np.full((32, 32, 3), np.nan, np.float32), ValueError),
+        (PIL.Image.fromarray(RGB32).convert("P"), ValueError),
+    ],
+)
+def test_torchvision_processor_raises_the_pil_processors_errors(images: object, error: type) -> None:
+    kwargs = {"do_convert_rgb": False} if isinstance(images, PIL.Image.Image) else {}
+    messages = []
+    for backend in BACKENDS.values():
+        with pytest.raises(error) as caught:
+            backend()(images, **kwargs)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+
+
+@needs_torchvision
+def test_torchvision_processor_saves_what_the_pil_processor_saves(tmp_path: Path) -> None:
+    """Same preprocessor_config.json (type, auto_map, settings), so a folder loads with either backend anywhere."""
+    settings = {"size": {"height": 24, "width": 16}, "patch_size": 8, "image_mean": [0.4, 0.5, 0.6]}
+    NeuralInterpreterImageProcessor(**settings).save_pretrained(tmp_path / "pil")
+    NeuralInterpreterImageProcessorTorchvision(**settings).save_pretrained(tmp_path / "torchvision")
+    saved = [json.loads((tmp_path / b / "preprocessor_config.json").read_text()) for b in BACKENDS]
+    assert saved[0] == saved[1]
+    assert saved[1]["image_processor_type"] == "NeuralInterpreterImageProcessor"
+    loaded = NeuralInterpreterImageProcessorTorchvision.from_pretrained(tmp_path / "torchvision")
+    assert loaded.size.height == 24 and loaded.patch_size == 8 and list(loaded.image_mean) == [0.4, 0.5, 0.6]
+
+
+@needs_torchvision
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_torchvision_processor_works_on_the_gpu() -> None:
+    """`device="cuda"`: the batch is processed and returned there, with the values of the CPU."""
+    images = [INPUTS["pil_large"](), RGB32, GRAY32]
+    processor = NeuralInterpreterImageProcessorTorchvision()
+    on_gpu = processor(images, device="cuda", return_tensors="pt")["pixel_values"]
+    assert on_gpu.device.type == "cuda"
+    on_cpu = processor(images, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=0, atol=ONE_GREY_LEVEL * 1.001)

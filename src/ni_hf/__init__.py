@@ -12,7 +12,10 @@ from transformers import (
 
 from .configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
 from .configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterConfig, vit_baseline_config
-from .image_processing_neural_interpreter import NeuralInterpreterImageProcessor
+from .image_processing_neural_interpreter import (
+    NeuralInterpreterImageProcessor,
+    NeuralInterpreterImageProcessorTorchvision,
+)
 from .modeling_multitask_vit import (
     MultiTaskViTForImageClassification,
     MultiTaskViTModel,
@@ -36,14 +39,23 @@ AutoModel.register(NeuralInterpreterConfig, NeuralInterpreterModel, exist_ok=Tru
 AutoModelForImageClassification.register(
     NeuralInterpreterConfig, NeuralInterpreterForImageClassification, exist_ok=True
 )
-AutoImageProcessor.register(NeuralInterpreterConfig, NeuralInterpreterImageProcessor, exist_ok=True)
+# Both backends, as transformers' models have them: AutoImageProcessor takes torchvision where it is installed.
+_IMAGE_PROCESSORS = {
+    "pil": NeuralInterpreterImageProcessor,
+    "torchvision": NeuralInterpreterImageProcessorTorchvision,
+}
+AutoImageProcessor.register(
+    NeuralInterpreterConfig, image_processor_classes=dict(_IMAGE_PROCESSORS), exist_ok=True
+)
 # The multi-task ViT baseline (paper, Figure 4a) reads the same images or patches.
 AutoConfig.register(MultiTaskViTConfig.model_type, MultiTaskViTConfig, exist_ok=True)
 AutoModel.register(MultiTaskViTConfig, MultiTaskViTModel, exist_ok=True)
 AutoModelForImageClassification.register(
     MultiTaskViTConfig, MultiTaskViTForImageClassification, exist_ok=True
 )
-AutoImageProcessor.register(MultiTaskViTConfig, NeuralInterpreterImageProcessor, exist_ok=True)
+AutoImageProcessor.register(
+    MultiTaskViTConfig, image_processor_classes=dict(_IMAGE_PROCESSORS), exist_ok=True
+)
 # `pipeline()` also looks for a video processor, and transformers infers one from the image processor's `auto_map`
 # (`...NeuralInterpreterVideoProcessor`, which does not exist). With no local entry that lookup asks on stdin
 # whether to run the checkpoint's code; this entry, empty, says there is no video processor, so it fails quietly.
@@ -77,6 +89,7 @@ __all__ = [
     "NeuralInterpreterForSetRegression",
     "NeuralInterpreterImageClassifierOutput",
     "NeuralInterpreterImageProcessor",
+    "NeuralInterpreterImageProcessorTorchvision",
     "NeuralInterpreterModel",
     "NeuralInterpreterModelOutput",
     "NeuralInterpreterPreTrainedModel",

@@ -1,4 +1,9 @@
-"""Image processor for Neural Interpreters: resize, RGB, rescale, normalize and patchify to flat patch tokens.
+"""Image processors for Neural Interpreters: resize, RGB, rescale, normalize and patchify to flat patch tokens.
+
+Two backends, as transformers' own models have: `NeuralInterpreterImageProcessor` (PIL, numpy; needs no torchvision)
+and `NeuralInterpreterImageProcessorTorchvision` (batched torch ops, on any device; needs torchvision). They take the
+same arguments, accept the same inputs, raise the same errors and save the same `preprocessor_config.json`, so that
+`AutoImageProcessor` picks the backend at load time (torchvision where it is installed, as for transformers' models).
 
 This module is self-contained (no imports of sibling modules) so that ``save_pretrained`` can copy it into a
 checkpoint folder and ``AutoImageProcessor.from_pretrained(..., trust_remote_code=True)`` can load it in a process
@@ -9,7 +14,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import PIL.Image
-from transformers.image_processing_backends import PilBackend
+import torch
+from transformers.image_processing_backends import PilBackend, TorchvisionBackend
 from transformers.image_processing_base import BatchFeature
 from transformers.image_transforms import convert_to_rgb as _convert_pil_to_rgb
 from transformers.image_utils import (
@@ -18,9 +24,10 @@ from transformers.image_utils import (
     PILImageResampling,
     SizeDict,
     is_valid_image,
+    load_image,
 )
 from transformers.processing_utils import ImagesKwargs, Unpack
-from transformers.utils import TensorType, is_torch_tensor, logging
+from transformers.utils import TensorType, is_torch_tensor, is_torchvision_available, logging
 
 logger = logging.get_logger(__name__)
 
@@ -120,32 +127,107 @@ def _channel_axis(shape: tuple[int, ...], input_data_format: str | ChannelDimens
     )
 
 
-def _array_to_rgb_chw(image: np.ndarray, input_data_format: str | ChannelDimension | None) -> np.ndarray:
-    """Turn a 2-D (H, W) or 3-D (C, H, W)/(H, W, C) gray or RGB array into a (3, H, W) array."""
+def _moveaxis(x: ArrayT, source: int, destination: int) -> ArrayT:
+    """Move one axis of a numpy array or a torch tensor."""
+    if isinstance(x, np.ndarray):
+        return np.moveaxis(x, source, destination)
+    return x.movedim(source, destination)
+
+
+def _array_to_rgb_chw(image: ArrayT, input_data_format: str | ChannelDimension | None) -> ArrayT:
+    """Turn a 2-D (H, W) or 3-D (C, H, W)/(H, W, C) gray or RGB array or tensor into a (3, H, W) one."""
+    shape = tuple(int(s) for s in image.shape)
     if image.ndim == 2:
         image = image[None]
     elif image.ndim == 3:
-        image = np.moveaxis(image, _channel_axis(image.shape, input_data_format), 0)
+        image = _moveaxis(image, _channel_axis(shape, input_data_format), 0)
     else:
         raise ValueError(
             f"Expected each image to be 2-D (H, W) or 3-D (C, H, W) / (H, W, C), got an array of shape "
-            f"{image.shape} ({image.ndim}-D)."
+            f"{shape} ({image.ndim}-D)."
         )
-    channels = image.shape[0]
+    channels = int(image.shape[0])
     if channels == 4:
         raise ValueError(
-            f"Got a 4-channel (RGBA-like) array/tensor of shape {image.shape}; there is no RGB conversion rule for "
+            f"Got a 4-channel (RGBA-like) array/tensor of shape {shape}; there is no RGB conversion rule for "
             "arrays. Pass a PIL image in mode 'RGBA' instead (e.g. PIL.Image.fromarray(array, 'RGBA')), which is "
             "composited onto white, or drop the alpha channel (e.g. array[..., :3])."
         )
-    if channels == 1:
-        image = np.repeat(image, 3, axis=0)
-    elif channels != 3:
+    if channels not in (1, 3):
         raise ValueError(
-            f"Unsupported number of channels {channels} for an image of shape {image.shape}: expected 1 (gray) "
+            f"Unsupported number of channels {channels} for an image of shape {shape}: expected 1 (gray) "
             "or 3 (RGB) channels."
         )
-    return np.ascontiguousarray(image)
+    if isinstance(image, np.ndarray):
+        return np.ascontiguousarray(np.repeat(image, 3, axis=0) if channels == 1 else image)
+    return (image.expand(3, -1, -1) if channels == 1 else image).contiguous()
+
+
+def _pil_to_array(image: PIL.Image.Image, do_convert_rgb: bool | None) -> np.ndarray:
+    """(3, H, W) array of a PIL image: converted to RGB, or (do_convert_rgb=False) taken as it is if its mode allows."""
+    if do_convert_rgb:
+        array = _convert_pil_to_rgb(image, return_numpy=True)
+    elif image.mode in _PIL_MODES_WITHOUT_CONVERSION:
+        array = np.array(image)
+    else:
+        raise ValueError(
+            f"PIL image in mode {image.mode!r} cannot be used with do_convert_rgb=False; expected one of "
+            f"{_PIL_MODES_WITHOUT_CONVERSION} or set do_convert_rgb=True."
+        )
+    return _array_to_rgb_chw(array, ChannelDimension.LAST)
+
+
+def _unsupported_image_type(image: Any) -> ValueError:
+    return ValueError(
+        f"Unsupported image type {type(image).__name__}: expected a PIL.Image.Image, numpy.ndarray or torch.Tensor."
+    )
+
+
+def _numel(image: Any) -> int:
+    return int(image.size) if isinstance(image, np.ndarray) else image.numel()
+
+
+def _is_float(image: Any) -> bool:
+    if isinstance(image, np.ndarray):
+        return bool(np.issubdtype(image.dtype, np.floating))
+    return image.is_floating_point()
+
+
+def _all_finite(image: Any) -> bool:
+    return bool(np.isfinite(image).all() if isinstance(image, np.ndarray) else torch.isfinite(image).all())
+
+
+def _check_pixel_values(images: list[Any], do_rescale: bool) -> None:
+    """Refuse NaN or inf pixels; warn about inputs that `rescale_factor` would put outside the trained range."""
+    for index, image in enumerate(images):
+        if _is_float(image) and not _all_finite(image):
+            raise ValueError(
+                f"Image {index} contains NaN or infinite values: expected finite pixel values (0..255 for "
+                "do_rescale=True, or already rescaled floats with do_rescale=False)."
+            )
+    if not do_rescale:
+        return
+    ranges = [(float(image.min()), float(image.max()), _is_float(image)) for image in images if _numel(image)]
+    if any(is_float and low >= 0 and 0 < high <= 1 for low, high, is_float in ranges):
+        logger.warning_once(
+            "It looks like you are rescaling float images already in [0, 1] (they are multiplied by "
+            "rescale_factor=1/255 like uint8 images). If so, pass do_rescale=False."
+        )
+    if any(high > 255 for _, high, _ in ranges):
+        logger.warning_once(
+            "Some images have values above 255 (16-bit data?): they are multiplied by rescale_factor=1/255 "
+            "like uint8 images and fall outside the trained range. Convert them to 8 bits, or set "
+            "rescale_factor to 1 / (their maximum value)."
+        )
+
+
+def _check_stackable(pixel_values: list[Any], return_tensors: str | TensorType | None) -> None:
+    sizes = sorted({tuple(int(s) for s in image.shape[-2:]) for image in pixel_values})
+    if return_tensors is not None and len(sizes) > 1:
+        raise ValueError(
+            f"Images of different sizes {sizes} cannot be stacked into one tensor: keep do_resize=True (every "
+            "image to `size`), or pass return_tensors=None for a list."
+        )
 
 
 def _flatten_images(images: Any) -> list[Any]:
@@ -172,19 +254,8 @@ def _flatten_images(images: Any) -> list[Any]:
     )
 
 
-class NeuralInterpreterImageProcessor(PilBackend):
-    r"""Neural Interpreter image processor (PIL backend).
-
-    Resizes to `size` (default 32x32, bilinear), converts to RGB (gray is replicated to 3 channels, PIL modes such as
-    "P" or "RGBA" are converted, alpha being composited onto white), rescales by `rescale_factor` (1/255),
-    normalizes with `image_mean`/`image_std` (0.5 each) and, if `do_patchify`, flattens each image into
-    `pixel_values` of shape `(num_patches, patch_size * patch_size * 3)`: patches in row-major order over the grid,
-    each patch laid out as (row in patch, column in patch, channel), i.e. einops
-    `c (h p1) (w p2) -> (h w) (p1 p2 c)`. With `do_patchify=False`, `pixel_values` are `(3, H, W)` images.
-
-    Float inputs are interpreted on the same scale as uint8 (0..255) and are multiplied by `rescale_factor`; pass
-    `do_rescale=False` for float images already in [0, 1].
-    """
+class _NeuralInterpreterProcessing:
+    """What both backends share: the defaults, the patch settings and their checks, and the input structure."""
 
     valid_kwargs = NeuralInterpreterImageProcessorKwargs
     model_input_names = ["pixel_values"]
@@ -258,9 +329,59 @@ class NeuralInterpreterImageProcessor(PilBackend):
 
     def _prepare_images_structure(self, images: ImageInput, expected_ndims: int = 3) -> list[Any]:
         """Flatten the input into a list of single images, loading URLs/paths given as strings."""
-        return [
-            self.fetch_images(image) if isinstance(image, str) else image for image in _flatten_images(images)
-        ]
+        # Both backends decode files with PIL, as transformers' PIL backend does (RGB), so they read the same pixels.
+        return [load_image(image) if isinstance(image, str) else image for image in _flatten_images(images)]
+
+    def _preprocess(
+        self,
+        images: list[Any],
+        do_rescale: bool,
+        return_tensors: str | TensorType | None,
+        do_patchify: bool | None = None,
+        patch_size: int | None = None,
+        **kwargs: Any,
+    ) -> BatchFeature:
+        """Resize, rescale and normalize the images (the backend's work), then optionally patchify."""
+        _check_pixel_values(images, do_rescale)
+        batch = super()._preprocess(images, do_rescale=do_rescale, return_tensors=None, **kwargs)
+        pixel_values = [self._float32(image) for image in batch["pixel_values"]]
+        _check_stackable(pixel_values, return_tensors)
+        if do_patchify:
+            pixel_values = [patchify(image, patch_size) for image in pixel_values]
+        if return_tensors is not None:
+            stack = np.stack if isinstance(pixel_values[0], np.ndarray) else torch.stack
+            pixel_values = stack(pixel_values)
+        return BatchFeature(data={"pixel_values": pixel_values}, tensor_type=return_tensors)
+
+    def patchify(self, pixel_values: ArrayT, patch_size: int | None = None) -> ArrayT:
+        """Patchify `(..., C, H, W)` images (numpy or torch) with `patch_size` (defaults to `self.patch_size`)."""
+        return patchify(pixel_values, self.patch_size if patch_size is None else patch_size)
+
+    def unpatchify(
+        self,
+        pixel_values: ArrayT,
+        size: dict[str, int] | None = None,
+        patch_size: int | None = None,
+    ) -> ArrayT:
+        """Turn patchified `pixel_values` (numpy or torch) back into `(..., C, H, W)` images of `size`."""
+        size = self.size if size is None else SizeDict(**size)
+        patch_size = self.patch_size if patch_size is None else patch_size
+        return unpatchify(pixel_values, patch_size, size.height, size.width)
+
+
+class NeuralInterpreterImageProcessor(_NeuralInterpreterProcessing, PilBackend):
+    r"""Neural Interpreter image processor (PIL backend).
+
+    Resizes to `size` (default 32x32, bilinear), converts to RGB (gray is replicated to 3 channels, PIL modes such as
+    "P" or "RGBA" are converted, alpha being composited onto white), rescales by `rescale_factor` (1/255),
+    normalizes with `image_mean`/`image_std` (0.5 each) and, if `do_patchify`, flattens each image into
+    `pixel_values` of shape `(num_patches, patch_size * patch_size * 3)`: patches in row-major order over the grid,
+    each patch laid out as (row in patch, column in patch, channel), i.e. einops
+    `c (h p1) (w p2) -> (h w) (p1 p2 c)`. With `do_patchify=False`, `pixel_values` are `(3, H, W)` images.
+
+    Float inputs are interpreted on the same scale as uint8 (0..255) and are multiplied by `rescale_factor`; pass
+    `do_rescale=False` for float images already in [0, 1].
+    """
 
     def process_image(
         self,
@@ -271,26 +392,14 @@ class NeuralInterpreterImageProcessor(PilBackend):
     ) -> np.ndarray:
         """Convert one PIL image, numpy array or torch tensor into a (3, H, W) numpy array."""
         if isinstance(image, PIL.Image.Image):
-            if do_convert_rgb:
-                array = _convert_pil_to_rgb(image, return_numpy=True)
-            elif image.mode in _PIL_MODES_WITHOUT_CONVERSION:
-                array = np.array(image)
-            else:
-                raise ValueError(
-                    f"PIL image in mode {image.mode!r} cannot be used with do_convert_rgb=False; expected one of "
-                    f"{_PIL_MODES_WITHOUT_CONVERSION} or set do_convert_rgb=True."
-                )
-            return _array_to_rgb_chw(array, ChannelDimension.LAST)
+            return _pil_to_array(image, do_convert_rgb)
         if is_torch_tensor(image):
             tensor = image.detach().cpu()
             if tensor.is_floating_point() and tensor.dtype.itemsize < 4:
                 tensor = tensor.float()  # numpy has no bfloat16
             image = tensor.numpy()
         if not isinstance(image, np.ndarray):
-            raise ValueError(
-                f"Unsupported image type {type(image).__name__}: expected a PIL.Image.Image, numpy.ndarray or "
-                "torch.Tensor."
-            )
+            raise _unsupported_image_type(image)
         if image.dtype == np.bool_:
             image = image.astype(np.uint8) * 255  # a binary image: True is white, as PIL's mode "1"
         return _array_to_rgb_chw(image, input_data_format)
@@ -319,65 +428,91 @@ class NeuralInterpreterImageProcessor(PilBackend):
         ]
         return np.stack(channels, axis=0)
 
-    def _preprocess(
+    @staticmethod
+    def _float32(image: np.ndarray) -> np.ndarray:
+        return np.asarray(image, dtype=np.float32)
+
+
+class NeuralInterpreterImageProcessorTorchvision(_NeuralInterpreterProcessing, TorchvisionBackend):
+    r"""Neural Interpreter image processor (torchvision backend): the processing of `NeuralInterpreterImageProcessor`
+    as batched torch operations, on the device given by `device=` (the input's by default, CPU for PIL and numpy).
+
+    Same arguments, inputs, errors and saved `preprocessor_config.json` as the PIL processor; `AutoImageProcessor`
+    returns this one where torchvision is installed (`backend="pil"` asks for the other). The values agree: images
+    already of `size` or resized up (the 8 x 8 and 28 x 28 digits) get the same uint8 pixels, images resized down
+    differ by one grey level at most (the two antialiasing filters round differently), and rescaling and normalizing
+    round apart by about 1e-7 (tests/test_image_processing.py). Without `return_tensors`, `pixel_values` is a list of
+    torch tensors (the PIL processor's, of numpy arrays).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Build the processor (see `NeuralInterpreterImageProcessor`); needs torchvision."""
+        if not is_torchvision_available():
+            raise ImportError(
+                "NeuralInterpreterImageProcessorTorchvision needs torchvision (pip install torchvision, the build "
+                "that matches your torch); without it, use NeuralInterpreterImageProcessor (the PIL backend), which "
+                "AutoImageProcessor picks by itself."
+            )
+        super().__init__(*args, **kwargs)
+
+    def process_image(
         self,
-        images: list[np.ndarray],
-        do_rescale: bool,
-        return_tensors: str | TensorType | None,
-        do_patchify: bool | None = None,
-        patch_size: int | None = None,
+        image: ImageInput,
+        do_convert_rgb: bool | None = None,
+        input_data_format: str | ChannelDimension | None = None,
+        device: torch.device | str | None = None,
         **kwargs: Any,
-    ) -> BatchFeature:
-        """Resize, rescale and normalize each image, then optionally patchify; returns `pixel_values`."""
-        for index, image in enumerate(images):
-            if np.issubdtype(image.dtype, np.floating) and not np.isfinite(image).all():
-                raise ValueError(
-                    f"Image {index} contains NaN or infinite values: expected finite pixel values (0..255 for "
-                    "do_rescale=True, or already rescaled floats with do_rescale=False)."
-                )
-        if do_rescale and any(
-            np.issubdtype(image.dtype, np.floating)
-            and image.size
-            and image.min() >= 0
-            and 0 < image.max() <= 1
-            for image in images
-        ):
-            logger.warning_once(
-                "It looks like you are rescaling float images already in [0, 1] (they are multiplied by "
-                "rescale_factor=1/255 like uint8 images). If so, pass do_rescale=False."
-            )
-        if do_rescale and any(image.size and image.max() > 255 for image in images):
-            logger.warning_once(
-                "Some images have values above 255 (16-bit data?): they are multiplied by rescale_factor=1/255 "
-                "like uint8 images and fall outside the trained range. Convert them to 8 bits, or set "
-                "rescale_factor to 1 / (their maximum value)."
-            )
-        batch = super()._preprocess(images, do_rescale=do_rescale, return_tensors=None, **kwargs)
-        pixel_values = [np.asarray(image, dtype=np.float32) for image in batch["pixel_values"]]
-        sizes = sorted({image.shape[-2:] for image in pixel_values})
-        if return_tensors is not None and len(sizes) > 1:
-            raise ValueError(
-                f"Images of different sizes {sizes} cannot be stacked into one tensor: keep do_resize=True (every "
-                "image to `size`), or pass return_tensors=None for a list."
-            )
-        if do_patchify:
-            pixel_values = [patchify(image, patch_size) for image in pixel_values]
-        return BatchFeature(data={"pixel_values": pixel_values}, tensor_type=return_tensors)
+    ) -> torch.Tensor:
+        """Convert one PIL image, numpy array or torch tensor into a (3, H, W) tensor: uint8, else float32."""
+        if isinstance(image, PIL.Image.Image):
+            image = _pil_to_array(image, do_convert_rgb)
+        elif isinstance(image, np.ndarray):
+            if image.dtype == np.bool_:
+                image = image.astype(np.uint8) * 255  # a binary image: True is white, as PIL's mode "1"
+            image = _array_to_rgb_chw(image, input_data_format)
+        elif is_torch_tensor(image):
+            image = image.detach()
+            if image.dtype == torch.bool:
+                image = image.to(torch.uint8) * 255
+            image = _array_to_rgb_chw(image, input_data_format)
+        else:
+            raise _unsupported_image_type(image)
+        if isinstance(image, np.ndarray):
+            # Every dtype but uint8 is resized in float32, as the PIL processor does (torch has few uint16 kernels).
+            image = torch.from_numpy(image if image.dtype == np.uint8 else image.astype(np.float32))
+        elif image.dtype != torch.uint8:
+            image = image.to(torch.float32)
+        return image if device is None else image.to(device)
 
-    def patchify(self, pixel_values: ArrayT, patch_size: int | None = None) -> ArrayT:
-        """Patchify `(..., C, H, W)` images (numpy or torch) with `patch_size` (defaults to `self.patch_size`)."""
-        return patchify(pixel_values, self.patch_size if patch_size is None else patch_size)
-
-    def unpatchify(
+    def resize(
         self,
-        pixel_values: ArrayT,
-        size: dict[str, int] | None = None,
-        patch_size: int | None = None,
-    ) -> ArrayT:
-        """Turn patchified `pixel_values` (numpy or torch) back into `(..., C, H, W)` images of `size`."""
-        size = self.size if size is None else SizeDict(**size)
-        patch_size = self.patch_size if patch_size is None else patch_size
-        return unpatchify(pixel_values, patch_size, size.height, size.width)
+        image: torch.Tensor,
+        size: SizeDict,
+        resample: PILImageResampling | int | None = None,
+        antialias: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Resize (..., C, H, W) images with torchvision (antialiased, as PIL), unless they already have `size`."""
+        if tuple(image.shape[-2:]) == (size.height, size.width):
+            return image
+        return super().resize(image, size, resample=resample, antialias=antialias, **kwargs)
+
+    @staticmethod
+    def _float32(image: torch.Tensor) -> torch.Tensor:
+        return image.to(torch.float32)
+
+    def save_pretrained(
+        self, save_directory: str | Any, push_to_hub: bool = False, **kwargs: Any
+    ) -> list[str]:
+        """Save what the PIL processor saves (its type, its `auto_map`), so the folder loads with either backend."""
+        settings = {key: value for key, value in self.to_dict().items() if key != "image_processor_type"}
+        pil = NeuralInterpreterImageProcessor(**settings)
+        return pil.save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
 
-__all__ = ["NeuralInterpreterImageProcessor", "patchify", "unpatchify"]
+__all__ = [
+    "NeuralInterpreterImageProcessor",
+    "NeuralInterpreterImageProcessorTorchvision",
+    "patchify",
+    "unpatchify",
+]
