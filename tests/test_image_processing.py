@@ -468,31 +468,25 @@ def test_auto_image_processor_maps_each_backend_to_its_processor() -> None:
         assert IMAGE_PROCESSOR_MAPPING[config_class] == BACKENDS
 
 
-@pytest.mark.skipif(is_torchvision_available(), reason="checks the machine without torchvision")
-def test_without_torchvision_auto_gives_the_pil_processor_and_the_torchvision_one_says_what_it_needs(
+def test_auto_image_processor_picks_the_backend_transformers_would_without_a_fallback_warning(
     tmp_path: Path,
 ) -> None:
+    """torchvision where it is installed, else PIL; the other backend on request, or an error naming torchvision.
+
+    Before the torchvision processor existed, every load on a machine with torchvision warned and fell back."""
     NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(tmp_path)
     loaded, logged = fallback_warnings(lambda: AutoImageProcessor.from_pretrained(tmp_path))
-    assert type(loaded) is NeuralInterpreterImageProcessor and loaded.patch_size == 8
+    expected = BACKENDS["torchvision" if is_torchvision_available() else "pil"]
+    assert type(loaded) is expected and loaded.patch_size == 8
     assert "Falling back" not in logged
+    if is_torchvision_available():
+        pil = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
+        assert type(pil) is NeuralInterpreterImageProcessor and pil.patch_size == 8
+        return
     with pytest.raises(ImportError, match="needs torchvision.*NeuralInterpreterImageProcessor"):
         AutoImageProcessor.from_pretrained(tmp_path, backend="torchvision")
     with pytest.raises(ImportError, match="needs torchvision"):
         NeuralInterpreterImageProcessorTorchvision()
-
-
-@needs_torchvision
-def test_with_torchvision_auto_gives_the_torchvision_processor_without_a_fallback_warning(
-    tmp_path: Path,
-) -> None:
-    """As for transformers' own models; before the torchvision processor existed, every load warned and fell back."""
-    NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(tmp_path)
-    loaded, logged = fallback_warnings(lambda: AutoImageProcessor.from_pretrained(tmp_path))
-    assert type(loaded) is NeuralInterpreterImageProcessorTorchvision and loaded.patch_size == 8
-    assert "Falling back" not in logged
-    pil = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
-    assert type(pil) is NeuralInterpreterImageProcessor and pil.patch_size == 8
 
 
 @needs_torchvision
