@@ -15,7 +15,7 @@ import os
 import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,7 @@ def build_digits_model_card(
         metrics=["accuracy"],
         eval_results=eval_results or None,
     )
-    template_kwargs.setdefault("date", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    template_kwargs.setdefault("date", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
     return ModelCard.from_template(
         card_data,
         template_path=str(path),
@@ -241,7 +241,7 @@ def build_fuzzy_boolean_model_card(
         metrics=["r_squared"],
         eval_results=eval_results or None,
     )
-    template_kwargs.setdefault("date", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    template_kwargs.setdefault("date", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
     return ModelCard.from_template(
         card_data, template_path=str(path), model_name=model_name, **template_kwargs
     )
