@@ -575,35 +575,44 @@ def resolve_data_arguments(
     return source, list(PAPER_TASKS)
 
 
-def make_transform(
-    processor: NeuralInterpreterImageProcessor,
-    model_task_ids: list[int] | None = None,
-    augmentation: BatchRandAugment | None = None,
-):
+@dataclass
+class DigitsTransform:
     """Dataset transform: PIL images -> normalized (3, H, W) float arrays, labels and task ids.
 
     ``model_task_ids[i]``: the model's task id of the data's task ``i`` (a saved model evaluated on some of its
     tasks, or in another order); default: the same ids. ``augmentation``: applied to the batch here, i.e. in the
-    DataLoader's worker processes (``--randaugment_where workers``).
+    DataLoader's worker processes (``--randaugment_where workers``). A class at module level, not a closure, so that
+    workers started by spawn or forkserver (macOS, Windows, and Linux from Python 3.14 on) can unpickle it.
     """
 
-    def transform(batch: dict[str, list[Any]]) -> dict[str, Any]:
-        pixel_values = processor(images=batch["image"], do_patchify=False)["pixel_values"]
-        if augmentation is not None:
+    processor: NeuralInterpreterImageProcessor
+    model_task_ids: list[int] | None = None
+    augmentation: BatchRandAugment | None = None
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
+        pixel_values = self.processor(images=batch["image"], do_patchify=False)["pixel_values"]
+        if self.augmentation is not None:
             with torch.no_grad():
-                pixel_values = augmentation(
+                pixel_values = self.augmentation(
                     torch.from_numpy(np.stack(pixel_values).astype(np.float32))
                 ).numpy()
         task_ids = [int(task_id) for task_id in batch["task_id"]]
-        if model_task_ids is not None:
-            task_ids = [model_task_ids[task_id] for task_id in task_ids]
+        if self.model_task_ids is not None:
+            task_ids = [self.model_task_ids[task_id] for task_id in task_ids]
         return {
             "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
             "labels": [int(label) for label in batch["label"]],
             "task_ids": task_ids,
         }
 
-    return transform
+
+def make_transform(
+    processor: NeuralInterpreterImageProcessor,
+    model_task_ids: list[int] | None = None,
+    augmentation: BatchRandAugment | None = None,
+) -> DigitsTransform:
+    """The dataset transform of :class:`DigitsTransform`."""
+    return DigitsTransform(processor, model_task_ids, augmentation)
 
 
 def randaugment_in_workers(where: str, num_workers: int) -> bool:

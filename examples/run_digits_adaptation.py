@@ -245,18 +245,29 @@ def check_sizes(exp: AdaptationArguments, studies: list[str], available: int, ta
 # --------------------------------------------------------------------------------------------------------
 
 
-def make_transform(processor: NeuralInterpreterImageProcessor, task_id: int):
-    """Dataset transform: PIL images -> normalised (3, 32, 32) arrays, labels and the task id of the dataset."""
+@dataclass
+class DigitsTransform:
+    """Dataset transform: PIL images -> normalised (3, 32, 32) arrays, labels and the task id of the dataset.
 
-    def transform(batch: dict[str, list[Any]]) -> dict[str, Any]:
-        pixel_values = processor(images=batch["image"], do_patchify=False)["pixel_values"]
+    A class at module level, not a closure, so that DataLoader workers started by spawn or forkserver (macOS,
+    Windows, and Linux from Python 3.14 on) can unpickle it.
+    """
+
+    processor: NeuralInterpreterImageProcessor
+    task_id: int
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
+        pixel_values = self.processor(images=batch["image"], do_patchify=False)["pixel_values"]
         return {
             "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
             "labels": [int(label) for label in batch["label"]],
-            "task_ids": [task_id] * len(batch["label"]),
+            "task_ids": [self.task_id] * len(batch["label"]),
         }
 
-    return transform
+
+def make_transform(processor: NeuralInterpreterImageProcessor, task_id: int) -> DigitsTransform:
+    """The dataset transform of :class:`DigitsTransform`."""
+    return DigitsTransform(processor, task_id)
 
 
 def num_classes(dataset: datasets.Dataset) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -29,3 +31,24 @@ def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:
         port = sock.getsockname()[1]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     return [*launcher, "--master_addr", "127.0.0.1", "--master_port", str(port), str(script), *args]
+
+
+def run_with_forkserver(script: Path, args: list[str], tmp_path: Path) -> str:
+    """Run ``script`` in a Python whose processes start others by forkserver, Python 3.14's default on Linux
+    (macOS and Windows spawn; a sitecustomize sets it); assert it ran so and succeeded, return its output."""
+    site = tmp_path / "forkserver_site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import multiprocessing, sys\n"
+        "multiprocessing.set_start_method('forkserver', force=True)\n"
+        "print('start method:', multiprocessing.get_start_method(), file=sys.stderr)\n"
+    )
+    src = Path(__file__).resolve().parents[1] / "src"
+    path = os.pathsep.join([str(site), str(src), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
+    command = [sys.executable, str(script), *args]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert "start method: forkserver" in proc.stderr, log[-4000:]
+    assert proc.returncode == 0, log[-4000:]
+    return log

@@ -302,6 +302,14 @@ def test_training_with_randaugment_in_a_worker_process_leaves_the_training_step_
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
+def test_dataloader_workers_started_by_forkserver_unpickle_the_transform(data_dir, tmp_path):
+    """Workers that do not fork get the dataset's transform pickled; as a closure it could not be
+    ("Can't pickle local object 'make_transform.<locals>.transform'"), so training with workers failed there."""
+    args = tiny_args(tmp_path / "out", data_dir, "--dataloader_num_workers", "1", "--save_strategy", "no")
+    _scripts.run_with_forkserver(SCRIPT, args, tmp_path)
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_an_evaluation_at_the_last_step_is_the_final_one_and_is_not_run_again(
     data_dir, tmp_path, monkeypatch
 ):

@@ -12,7 +12,7 @@ from types import ModuleType
 import datasets
 import pytest
 import torch
-from _scripts import load_script, torchrun_command
+from _scripts import load_script, run_with_forkserver, torchrun_command
 
 import ni_hf
 
@@ -126,12 +126,12 @@ def test_bad_requests_name_what_was_expected(script: ModuleType, checkpoint: Pat
         script.subset(datasets.Dataset.from_dict({"a": list(range(5))}), 6, seed=0)
 
 
-def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) -> None:
-    """torchrun, 2 CPU ranks: the same steps per epoch as one process; only the main process writes results."""
-    output_dir = tmp_path / "ddp"
+def one_short_adaptation(checkpoint: Path) -> list[str]:
+    """Arguments of one fast-adaptation run (64 samples, one epoch of batch 32) on the CPU, without --output_dir."""
     args = ["--use_cpu", "true", "--studies", "fast_adaptation", "--model_name_or_path", str(checkpoint)]
     args += ["--new_task", "sklearn_digits", "--dataset_source", "sklearn", "--num_train_samples", "64"]
-    args += [
+    return [
+        *args,
         "--adaptation_seeds",
         "0",
         "--adapt_epochs",
@@ -141,7 +141,12 @@ def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) 
         "--max_eval_samples",
         "40",
     ]
-    command = torchrun_command(SCRIPT, *args, "--output_dir", str(output_dir))
+
+
+def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) -> None:
+    """torchrun, 2 CPU ranks: the same steps per epoch as one process; only the main process writes results."""
+    output_dir = tmp_path / "ddp"
+    command = torchrun_command(SCRIPT, *one_short_adaptation(checkpoint), "--output_dir", str(output_dir))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
@@ -150,6 +155,22 @@ def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) 
     saved = json.loads((output_dir / "adaptation_results.json").read_text())
     assert saved["environment"]["world_size"] == 2
     assert saved["fast_adaptation"]["64"]["details"][0]["train_steps"] == 2  # 64 samples / global batch 32
+
+
+def test_dataloader_workers_started_by_forkserver_unpickle_the_transform(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """Workers that do not fork get the dataset's transform pickled; as a closure it could not be
+    ("Can't pickle local object 'make_transform.<locals>.transform'"), so adapting with workers failed there."""
+    args = [
+        *one_short_adaptation(checkpoint),
+        "--dataloader_num_workers",
+        "1",
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
+    run_with_forkserver(SCRIPT, args, tmp_path)
+    assert (tmp_path / "out" / "adaptation_results.json").is_file()
 
 
 def test_dropped_functions_tries_every_choice_when_there_are_few(
