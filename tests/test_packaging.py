@@ -21,17 +21,23 @@ def oldest_admitted_python(requires_python: str) -> str:
 
 def test_requires_python_admits_no_python_that_an_installed_dependency_refuses() -> None:
     """On the oldest Python we admit, pip must find every dependency: otherwise the install fails with an error
-    about the dependency, not about Python (as it did on 3.10 with transformers 5.21, which needs 3.11)."""
+    about the dependency, not about Python (as it did on 3.10 with transformers 5.21, which needs 3.11).
+
+    Checked for the dependencies we give a lower bound (unbounded ones, numpy or pillow, pip can take older releases
+    of on an older Python). A failure asks: does the lowest release we accept still run on our oldest Python?
+    If not, raise requires-python or that bound."""
     oldest = oldest_admitted_python(PYPROJECT["project"]["requires-python"])
     refused = {}
     for line in PYPROJECT["project"]["dependencies"]:
-        name = Requirement(line).name
+        requirement = Requirement(line)
+        if not any(spec.operator == ">=" for spec in requirement.specifier):
+            continue
         try:
-            theirs = metadata(name).get("Requires-Python")
+            theirs = metadata(requirement.name).get("Requires-Python")
         except PackageNotFoundError:
             continue
         if theirs and oldest not in SpecifierSet(theirs):
-            refused[name] = theirs
+            refused[requirement.name] = theirs
     assert not refused, (
         f"requires-python admits Python {oldest}, which these installed dependencies refuse: {refused}"
     )
