@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     results = {}
     for label, augmentation in (("no RandAugment", None), ("RandAugment", build_augmentation(processor))):
-        train.set_transform(run_digits.make_transform(processor, None, augmentation))
+        train.set_transform(run_digits.DigitsTransform(processor, None, augmentation))
         times = time_pipeline(train, args.batch_size, args.batches, args.warmup, args.seed)
         rate = args.batch_size / statistics.median(times)
         spread = (args.batch_size / max(times), args.batch_size / min(times))

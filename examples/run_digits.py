@@ -606,15 +606,6 @@ class DigitsTransform:
         }
 
 
-def make_transform(
-    processor: NeuralInterpreterImageProcessor,
-    model_task_ids: list[int] | None = None,
-    augmentation: BatchRandAugment | None = None,
-) -> DigitsTransform:
-    """The dataset transform of :class:`DigitsTransform`."""
-    return DigitsTransform(processor, model_task_ids, augmentation)
-
-
 def randaugment_in_workers(where: str, num_workers: int) -> bool:
     """Whether RandAugment runs in the DataLoader workers (``--randaugment_where``): 'auto' when there are any."""
     if where not in ("auto", "device", "workers"):
@@ -672,7 +663,7 @@ def make_compute_metrics(metric: Any, task_names: list[str], model_task_ids: lis
 
     The Trainer calls it with the predictions of all processes gathered (and the samples that padded the
     last batches dropped), so the counts prove that every evaluation sample was counted exactly once.
-    ``model_task_ids``: as in :func:`make_transform`; the task ids the metric receives are mapped back to
+    ``model_task_ids``: as in :class:`DigitsTransform`; the task ids the metric receives are mapped back to
     ``task_names``.
     """
     to_data = None
@@ -1154,7 +1145,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     processor = NeuralInterpreterImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
     )
-    raw["test"].set_transform(make_transform(processor, model_task_ids))
+    raw["test"].set_transform(DigitsTransform(processor, model_task_ids))
 
     augmentation = None
     if data_args.randaugment and training_args.do_train:
@@ -1172,7 +1163,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         data_args.randaugment_where, training_args.dataloader_num_workers
     )
     raw["train"].set_transform(
-        make_transform(processor, model_task_ids, augmentation if in_workers else None)
+        DigitsTransform(processor, model_task_ids, augmentation if in_workers else None)
     )
     if augmentation is not None:
         where = (

@@ -265,11 +265,6 @@ class DigitsTransform:
         }
 
 
-def make_transform(processor: NeuralInterpreterImageProcessor, task_id: int) -> DigitsTransform:
-    """The dataset transform of :class:`DigitsTransform`."""
-    return DigitsTransform(processor, task_id)
-
-
 def num_classes(dataset: datasets.Dataset) -> int:
     """Classes of a dataset's ``label`` column (its ClassLabel, else the largest label + 1)."""
     feature = dataset.features["label"]
@@ -569,7 +564,7 @@ def run_dropped_functions(
     tests = [
         load_task_split(
             name, "test", sources[name], exp.data_dir, max_samples=exp.max_eval_samples
-        ).with_transform(make_transform(processor, task_id=i))
+        ).with_transform(DigitsTransform(processor, task_id=i))
         for i, name in enumerate(task_names)
     ]
     logger.info("Pre-training datasets %s: %s test images", task_names, [len(t) for t in tests])
@@ -732,8 +727,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         labels = num_classes(train_raw)
         task_name = results["new_task"]
-        train = train_raw.with_transform(make_transform(processor, task_id=0))
-        test = test_raw.with_transform(make_transform(processor, task_id=0))
+        train = train_raw.with_transform(DigitsTransform(processor, task_id=0))
+        test = test_raw.with_transform(DigitsTransform(processor, task_id=0))
         logger.info(
             "New dataset %s (%s): %d training images available, %d test images, %d classes",
             task_name,

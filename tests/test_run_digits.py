@@ -255,9 +255,9 @@ def test_the_transform_augments_when_given_randaugment_and_only_then():
         "task_id": [0, 1, 0, 1, 0, 1],
     }
     augment = BatchRandAugment(num_ops=2, magnitude=9, probability=1.0)
-    plain = run_digits.make_transform(processor)(batch)
+    plain = run_digits.DigitsTransform(processor)(batch)
     torch.manual_seed(0)
-    augmented = run_digits.make_transform(processor, augmentation=augment)(batch)
+    augmented = run_digits.DigitsTransform(processor, augmentation=augment)(batch)
     torch.manual_seed(0)
     expected = augment(torch.from_numpy(np.stack(plain["pixel_values"])))
     assert augmented["labels"] == plain["labels"] and augmented["task_ids"] == plain["task_ids"]
