@@ -1177,10 +1177,36 @@ def modulated_attention_bilinear(
     return _normalise_columns(out, c_key, eps) if normalise else out
 
 
-def bilinear_attention_pays(hidden_size: int, head_size: int, num_tokens: int) -> bool:
-    """Whether the bilinear form costs fewer FLOPs per (function, head): N d^2 + N^2 d < 2 N d d_h + N^2 d_h."""
+BILINEAR_SAVING_WEIGHT = 3
+"""Weight of the bilinear form's per-sample FLOP saving against its per-batch cost (forming A_uh) in
+`bilinear_attention_pays`: the q.k^T products it replaces are U * H small (N x d_h) @ (d_h x N) matmuls per
+sample, which ran at about a third of the speed of the GEMMs per FLOP (the digits preset in eval mode on 2 AMD
+EPYC cores, 2026-11-28: the bilinear form was slower at batch 1 and 2 and faster from 3 or 4 on, with one or two
+threads; benchmarks/RESULTS.md)."""
+
+
+def _static_size(size: int | torch.SymInt) -> int | None:
+    """`size` where it is a plain int; None where it is symbolic (a dynamic batch under torch.export or
+    torch.compile), so that no choice of execution path depends on it: a guard on it would narrow the range of
+    batch sizes the exported or compiled graph accepts."""
+    return size if isinstance(size, int) else None
+
+
+def bilinear_attention_pays(
+    hidden_size: int, head_size: int, num_tokens: int, batch_size: int | None = None
+) -> bool:
+    """Whether the bilinear form pays per (function, head): w B (2 N d d_h + N^2 d_h - N d^2 - N^2 d) > d^2 d_h.
+
+    The left side is what it saves per sample in FLOPs (weighted by `BILINEAR_SAVING_WEIGHT`), the right what
+    forming A_uh costs once per call whatever the batch: at the digits preset's sizes that outweighs the saving
+    at batch 1 and 2 (batch 1, as under `pipeline`, ran 3.5 GFLOP per image instead of 2.2). Without
+    `batch_size` only the per-sample costs are compared (a large batch).
+    """
     n, d = num_tokens, hidden_size
-    return n * d * d + n * n * d < 2 * n * d * head_size + n * n * head_size
+    per_sample_saving = 2 * n * d * head_size + n * n * head_size - (n * d * d + n * n * d)
+    if batch_size is None or per_sample_saving <= 0:
+        return per_sample_saving > 0
+    return BILINEAR_SAVING_WEIGHT * batch_size * per_sample_saving > d * d * head_size
 
 
 def _attention_probs(
@@ -1403,7 +1429,7 @@ class LineOfCode(nn.Module):
             and h.dim() == 3
             and h.device.type == "cpu"
             and dropout == 0.0
-            and bilinear_attention_pays(h.shape[-1], self.head_size, n)
+            and bilinear_attention_pays(h.shape[-1], self.head_size, n, _static_size(h.shape[0]))
         ):
             # Every function reads the same h (the first LOC of an iteration): q.k^T = h A_uh h^T.
             attended = modulated_attention_bilinear(
