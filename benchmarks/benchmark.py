@@ -49,6 +49,7 @@ import ni_hf
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
 from ni_hf.cpu_allocator import keep_freed_memory
 from ni_hf.evaluation import routing_density as evaluation_routing_density
+from ni_hf.mkl_dispatch import mkl_code_path
 from ni_hf.modeling_neural_interpreter import (
     enable_activation_checkpointing,
     patchify,
@@ -895,6 +896,10 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": None,
         "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
         "cwd": os.getcwd(),
+        # MKL's code path (0: its generic kernels, as on AMD CPUs unless examples/with_mkl_on_amd.sh preloads its
+        # library) moves float32 CPU throughput by up to 2x; LD_PRELOAD says whether the wrapper ran.
+        "mkl_code_path": mkl_code_path(),
+        "ld_preload": os.environ.get("LD_PRELOAD"),
     }
     if os.environ.get("PYTHONPATH"):
         env["command"] = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {env['command']}"
@@ -1003,7 +1008,10 @@ def markdown_report(report: dict[str, Any]) -> str:
         "",
         f"- Hardware: {env['cpu']} ({env['cpu_count']} cores, {env['cpu_usable_cores']} usable), "
         f"torch {env['torch']} with {env['torch_threads']} threads, transformers {env['transformers']}, "
-        f"Python {env['python']}" + (f"; GPU {env['gpu']} (CUDA {env.get('cuda')})" if env["gpu"] else ""),
+        f"Python {env['python']}"
+        + (f"; GPU {env['gpu']} (CUDA {env.get('cuda')})" if env["gpu"] else "")
+        + (f"; MKL code path {env['mkl_code_path']}" if env.get("mkl_code_path") is not None else "")
+        + (f"; LD_PRELOAD={env['ld_preload']}" if env.get("ld_preload") else ""),
         f"- Command: `{env['command']}`",
         f"- Timing: {cfg['warmup']} warm-up round(s), {cfg['repeats']} repeats of {cfg['steps_per_repeat']} step(s), "
         "models alternated within each repeat; images/s as median [min–max]; training = forward + backward + "

@@ -83,6 +83,7 @@ from ni_hf.digits_data import (
     resolve_dataset_source,
 )
 from ni_hf.evaluation import load_multitask_accuracy
+from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware
 from ni_hf.paths import check_model_path
 from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
@@ -1097,6 +1098,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     if training_args.keep_freed_memory and training_args.device.type == "cpu":
         keep_freed_memory()
+    if training_args.should_log and training_args.device.type == "cpu" and (hint := slow_mkl_hint()):
+        logger.warning(hint)
     set_seed(training_args.seed)
     if compile_for_static_batches(training_args):
         logger.info(STATIC_BATCHES_NOTE)

@@ -68,6 +68,7 @@ from ni_hf.digits_data import (
     resolve_dataset_source,
 )
 from ni_hf.evaluation import compute_multitask_accuracy
+from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.paths import check_model_path
 
 logger = logging.getLogger(__name__)
@@ -683,6 +684,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
     )
     logger.setLevel(logging.INFO if base.should_log else logging.WARNING)
+    if base.should_log and base.device.type == "cpu" and (hint := slow_mkl_hint()):
+        logger.warning(hint)
     if compile_for_static_batches(base):
         logger.info(STATIC_BATCHES_NOTE)
     studies = [s.strip() for s in exp.studies.split(",") if s.strip()]

@@ -90,6 +90,7 @@ from ni_hf.data_transfer import (
 )
 from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
+from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware
 from ni_hf.paths import check_model_path
 from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
@@ -1250,6 +1251,8 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(exp.num_threads)
     if exp.keep_freed_memory and base_args.device.type == "cpu":
         keep_freed_memory()
+    if base_args.should_log and base_args.device.type == "cpu" and (hint := slow_mkl_hint()):
+        logger.warning(hint)
     sizes = exp.resolved()
     check_options_early(exp, base_args)
     if exp.pretrained_model and exp.config_overrides:

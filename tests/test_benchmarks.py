@@ -413,7 +413,8 @@ def _git_has(revision: str) -> bool:
     return check.returncode == 0
 
 
-TINY_COMPARISON = ["--override", "num_function_iterations=1", "--batch-size", "2", "--steps", "1"]
+# Batch 3: the smallest at which the digits preset takes the bilinear form (at 1 and 2 it computes q and k).
+TINY_COMPARISON = ["--override", "num_function_iterations=1", "--batch-size", "3", "--steps", "1"]
 
 
 @pytest.mark.skipif(not _git_has("HEAD"), reason="needs a git checkout")
@@ -675,3 +676,35 @@ def test_input_pipeline_times_run_digits_transform_with_and_without_randaugment(
         assert pipeline["workers_for_step_rate"] == -(-100000 // pipeline["images_per_second"])
     with pytest.raises(ValueError, match="fewer --batches"):
         module.main(["--source", "sklearn", "--batch-size", "512", "--batches", "3"])
+
+
+def test_export_inference_times_eager_pytorch_and_onnxruntime_on_the_same_logits(tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    module = load_script(REPO / "benchmarks" / "export_inference.py", "ni_export_inference")
+    out_json, out_md = tmp_path / "out.json", tmp_path / "RESULTS.md"
+    out_md.write_text("# Results\n")
+    tiny = [
+        "--override",
+        "num_function_iterations=1",
+        "--override",
+        "hidden_size=32",
+        "--override",
+        "code_dim=16",
+    ]
+    with pytest.raises(SystemExit):
+        module.main(["--batch-size", "0"])
+    results = module.main(
+        ["--threads", "1", "--batch-size", "3", "--repeats", "2", "--warmup", "0", *tiny,
+         "--output-json", str(out_json), "--append-results", str(out_md)]
+    )  # fmt: skip
+    assert json.loads(out_json.read_text()) == results
+    assert set(results["runners"]) == {"pytorch-eager", "onnxruntime"}
+    assert all(
+        r["images_per_s_min"] <= r["images_per_s_median"] <= r["images_per_s_max"]
+        for r in results["runners"].values()
+    )
+    assert results["max_abs_logit_difference"] < 1e-4  # the export computes the model's logits
+    assert results["onnx_megabytes"] > 0 and results["threads"] == 1
+    table = [line for line in out_md.read_text().splitlines() if line.startswith("| ")]
+    assert [line.split()[1] for line in table[1:]] == ["pytorch-eager", "onnxruntime"]  # after the header

@@ -795,3 +795,11 @@ def test_model_card_leaves_out_a_numpy_nan_accuracy_like_a_python_one():
     ]
     assert [result.dataset_name for result in digits_eval_results(tasks)] == ["SVHN"]
     assert _percent(np.float32("nan")) == _percent(float("nan"))
+
+
+def test_a_cpu_run_logs_the_hint_about_mkl_on_amd_cpus(no_data_loading, tmp_path, monkeypatch, caplog):
+    """Where MKL takes its generic path on an AMD CPU (ni_hf.mkl_dispatch), the run says what to do, before any work."""
+    monkeypatch.setattr(run_digits, "slow_mkl_hint", lambda: "MKL HINT")
+    with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="datasets were loaded"):
+        run_digits.main(quick_args(tmp_path, "--dataset_source", "sklearn"))
+    assert "MKL HINT" in caplog.text

@@ -307,3 +307,13 @@ def test_too_large_training_sizes_fail_before_any_run(
     with pytest.raises(ValueError, match=expected):
         script.main(args)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cpu_run_logs_the_hint_about_mkl_on_amd_cpus(
+    script: ModuleType, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    monkeypatch.setattr(script, "slow_mkl_hint", lambda: "MKL HINT")
+    args = ["--model_name_or_path", str(checkpoint), "--studies", "nope", "--output_dir", str(tmp_path)]
+    with caplog.at_level("WARNING"), pytest.raises(ValueError, match="unknown"):
+        script.main([*args, "--use_cpu", "true"])
+    assert "MKL HINT" in caplog.text

@@ -812,3 +812,13 @@ def test_set_norm_monitor_measures_the_set_at_logging_steps_without_changing_the
     assert model.training  # the measurement restores the training mode
     same_input = script.SetNormMonitor(x[:1].expand(16, 5)).measure(model)
     assert same_input["input_share"] == pytest.approx([0.0] * len(expected), abs=1e-6)
+
+
+def test_a_cpu_run_logs_the_hint_about_mkl_on_amd_cpus(
+    script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(script, "slow_mkl_hint", lambda: "MKL HINT")
+    args = ["--protocol", "quick", "--output_dir", str(tmp_path), "--settings", "nope"]
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError):
+        script.main(args)
+    assert "MKL HINT" in caplog.text and not (tmp_path / "pretrain").exists()

@@ -1,0 +1,132 @@
+"""Export for deployment: `torch.export` and ONNX (dynamo exporter, run by onnxruntime) give the eager model's outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_modeling_neural_interpreter import NeuralInterpreterModelTester
+from torch.export import Dim
+
+from ni_hf import (
+    NeuralInterpreterConfig,
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterForSetRegression,
+)
+
+BATCH = Dim("batch", min=1, max=1024)
+
+
+def _image_model(form: str = "qk") -> NeuralInterpreterForImageClassification:
+    """The tester's tiny config (q and k), or the digits preset's sizes in one function iteration ("bilinear"):
+    its first LOC takes the bilinear form from batch 3 on when run eagerly, so a dynamic batch must not make that
+    choice (it would narrow the batch sizes the exported graph accepts)."""
+    torch.manual_seed(0)
+    if form == "bilinear":
+        config = NeuralInterpreterConfig.from_paper(
+            "digits", num_scripts=1, num_function_iterations=1, num_functions=2
+        )
+    else:
+        config = NeuralInterpreterModelTester().get_config()
+    return NeuralInterpreterForImageClassification(config).eval()
+
+
+def _set_model() -> NeuralInterpreterForSetRegression:
+    torch.manual_seed(0)
+    config = NeuralInterpreterConfig.from_paper(
+        "fuzzy_boolean",
+        hidden_size=16,
+        code_dim=8,
+        attention_head_size=8,
+        type_inference_hidden_size=12,
+        type_dim=6,
+        task_names=["f1", "f2", "f3"],
+    )
+    return NeuralInterpreterForSetRegression(config).eval()
+
+
+def _images(config: NeuralInterpreterConfig, batch_size: int) -> torch.Tensor:
+    return torch.randn(batch_size, config.num_patches, config.patch_dim)
+
+
+@pytest.mark.parametrize("form", ["qk", "bilinear"])
+def test_exported_image_classifier_matches_eager_at_batch_sizes_it_was_not_traced_with(form):
+    model = _image_model(form)
+    config = model.config
+    example = {"pixel_values": _images(config, 4), "task_ids": torch.tensor([0, 1, 1, 0])}
+    program = torch.export.export(
+        model, (), example, dynamic_shapes={"pixel_values": {0: BATCH}, "task_ids": {0: BATCH}}
+    )
+    exported = program.module()
+    for batch_size in (1, 7):
+        pixels = _images(config, batch_size)
+        task_ids = torch.arange(batch_size) % config.num_tasks
+        with torch.no_grad():
+            expected = model(pixel_values=pixels, task_ids=task_ids).logits
+        got = exported(pixel_values=pixels, task_ids=task_ids).logits
+        assert got.shape == (batch_size, config.num_labels)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_exported_image_classifier_keeps_the_routing_outputs():
+    model = _image_model()
+    pixels = _images(model.config, 3)
+    exported = torch.export.export(model, (), {"pixel_values": pixels, "output_routing": True}).module()
+    got = exported(pixel_values=pixels, output_routing=True)
+    with torch.no_grad():
+        expected = model(pixel_values=pixels, output_routing=True)
+    assert (
+        len(got.compatibilities) == len(expected.compatibilities) == sum(model.config.num_function_iterations)
+    )
+    for c_got, c_expected in zip(got.compatibilities, expected.compatibilities, strict=True):
+        torch.testing.assert_close(c_got, c_expected, rtol=1e-5, atol=1e-6)
+
+
+def test_exported_set_regression_matches_eager():
+    model = _set_model()
+    inputs = torch.rand(5, model.config.num_input_variables)
+    exported = torch.export.export(
+        model, (), {"inputs": inputs}, dynamic_shapes={"inputs": {0: BATCH}}
+    ).module()
+    other = torch.rand(9, model.config.num_input_variables)
+    with torch.no_grad():
+        expected = model(inputs=other).predictions
+    torch.testing.assert_close(exported(inputs=other).predictions, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("which", ["image_classification", "image_classification_bilinear", "set_regression"])
+def test_onnx_export_runs_in_onnxruntime_with_the_eager_outputs_at_any_batch_size(which, tmp_path):
+    pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    if which.startswith("image_classification"):
+        model, output = _image_model("bilinear" if which.endswith("bilinear") else "qk"), "logits"
+
+        def make(batch_size: int) -> dict[str, torch.Tensor]:
+            task_ids = torch.arange(batch_size) % model.config.num_tasks
+            return {"pixel_values": _images(model.config, batch_size), "task_ids": task_ids}
+    else:
+        model, output = _set_model(), "predictions"
+
+        def make(batch_size: int) -> dict[str, torch.Tensor]:
+            return {"inputs": torch.rand(batch_size, model.config.num_input_variables)}
+
+    example = make(4)
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(
+        model,
+        (),
+        str(path),
+        kwargs=example,
+        input_names=list(example),
+        output_names=[output],
+        dynamic_shapes={name: {0: BATCH} for name in example},
+        dynamo=True,
+        verbose=False,
+    )
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == list(example)
+    for batch_size in (1, 6):
+        inputs = make(batch_size)
+        (got,) = session.run([output], {name: x.numpy() for name, x in inputs.items()})
+        with torch.no_grad():
+            expected = getattr(model(**inputs), output)
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
