@@ -5,7 +5,7 @@
 #
 # PyTorch's x86-64 Linux wheels link Intel's MKL for float32 matmuls. MKL asks whether the CPU is Intel's and, on an
 # AMD CPU, runs them on slower code paths than the CPU's own instructions allow (on 2 cores of an AMD EPYC with
-# AVX-512: 136 instead of 219 GFLOP/s for one GEMM of the digits preset, training 2x as fast with this; README,
+# AVX-512: 140 instead of 215 GFLOP/s for one GEMM of the digits preset, training steps 1.6-2.1x as fast; README,
 # "Speed"). This builds a one-line library that answers that question with yes (once, with the C compiler `cc`,
 # into ${NI_HF_CACHE:-~/.cache/ni_hf}) and preloads it, so MKL dispatches on the CPU's features as on an Intel CPU.
 # Results are the same to float rounding. It changes nothing where torch has no MKL (aarch64, macOS) or the CPU is

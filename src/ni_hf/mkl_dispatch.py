@@ -1,9 +1,9 @@
 """Whether PyTorch's MKL takes its slower code paths on this CPU (an AMD one), and what to run instead.
 
 PyTorch's x86-64 Linux wheels link Intel's MKL for float32 matmuls. MKL picks its kernels by the CPU's instructions
-only on Intel CPUs; on an AMD CPU it runs slower ones (2 cores of an AMD EPYC with AVX-512, 2026-11-28: 136 instead
-of 219 GFLOP/s for one GEMM of the digits preset, and training steps of the model and of the ViT baseline about
-twice as fast with `examples/with_mkl_on_amd.sh`, which preloads a library that answers MKL's vendor check with
+only on Intel CPUs; on an AMD CPU it runs slower ones (2 cores of an AMD EPYC with AVX-512, 2026-11-28: 140 instead
+of 215 GFLOP/s for one GEMM of the digits preset, and training steps of the model 1.6-2.1x and of the ViT baseline
+1.8-2.0x as fast with `examples/with_mkl_on_amd.sh`, which preloads a library that answers MKL's vendor check with
 yes; benchmarks/RESULTS.md). The example scripts log `slow_mkl_hint()` when it applies.
 """
 
@@ -57,6 +57,6 @@ def slow_mkl_hint(vendor: str | None = None, code_path: int | None = None) -> st
     return (
         "PyTorch's MKL runs its generic float32 matmul kernels on this AMD CPU"
         + (f" (LD_PRELOAD={preloaded} did not change that)" if preloaded else "")
-        + f". `bash {WRAPPER} python ...` makes it choose by the CPU's instructions: training was about twice as "
-        "fast on an AMD EPYC with AVX-512, same results to float rounding (README, Speed)."
+        + f". `bash {WRAPPER} python ...` makes it choose by the CPU's instructions: training steps were 1.6-2.1x as "
+        "fast with it on an AMD EPYC with AVX-512, outputs the same to float rounding (README, Speed)."
     )
