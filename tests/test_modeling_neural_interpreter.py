@@ -27,8 +27,11 @@ from ni_hf.modeling_neural_interpreter import (
     _GatedModLin,
     _GatedModLinSum,
     _NormModLin,
+    _thread_split,
     bilinear_attention_pays,
     enable_activation_checkpointing,
+    function_bmm,
+    function_weight_grad,
     modulated_attention_aligned,
     modulated_attention_bilinear,
     modulated_attention_columns,
@@ -642,6 +645,89 @@ def test_gated_mod_lin_has_exact_gradients(gelu, with_bias):
     )
     if with_bias:
         assert torch.autograd.gradcheck(lambda b_: _GatedModLin.apply(x, weight, b_, gate, gelu), (bias,))
+
+
+def _with_threads(monkeypatch, threads: int) -> None:
+    """Make `_thread_split` see `threads` CPU threads (the thread pool itself is left as it is)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+
+
+@pytest.mark.parametrize(
+    ("functions", "rows", "threads", "expected"),
+    [
+        (5, 8576, 1, 1),  # one thread: nothing to balance
+        (5, 8576, 2, 2),  # the digits preset at batch 128 on 2 threads: 10 matrices, 5 per thread
+        (4, 8576, 2, 1),  # already a multiple of the threads
+        (5, 768, 4, 4),
+        (6, 768, 4, 2),  # 12 matrices on 4 threads
+        (5, 769, 2, 1),  # rows that do not divide
+        (5, 200, 2, 1),  # chunks below MIN_SPLIT_ROWS
+    ],
+)
+def test_thread_split_gives_every_thread_as_many_function_matrices(
+    monkeypatch, functions, rows, threads, expected
+):
+    _with_threads(monkeypatch, threads)
+    assert _thread_split(torch.empty(functions, rows, 4)) == expected
+
+
+def test_thread_split_leaves_views_it_cannot_reshape_and_other_devices_alone(monkeypatch):
+    _with_threads(monkeypatch, 2)
+    assert _thread_split(torch.empty(1, 8576, 4).expand(5, -1, -1)) == 1  # a stride-0 function dimension
+    assert _thread_split(torch.empty(5, 4, 8576).transpose(1, 2)) == 1
+    assert _thread_split(torch.empty(5, 8576, 4, device="meta")) == 1
+
+
+class _BatchedProducts(TorchDispatchMode):
+    """Records the batch count of every bmm / baddbmm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.baddbmm):
+            self.batches.append(args[-1].shape[0])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_thread_balanced_function_products_equal_plain_batched_products(monkeypatch, threads):
+    torch.manual_seed(0)
+    u, m, k, n = 3, 512, 6, 5
+    a = torch.randn(u, m, k, dtype=torch.double, requires_grad=True)
+    b = torch.randn(u, k, n, dtype=torch.double, requires_grad=True)
+    bias = torch.randn(u, 1, n, dtype=torch.double, requires_grad=True)
+    c = torch.randn(u, m, n, dtype=torch.double)
+    _with_threads(monkeypatch, threads)
+    with _BatchedProducts() as products:
+        y, y_bias, w = function_bmm(a, b), function_bmm(a, b, bias), function_weight_grad(a, c)
+    assert products.batches == [u * threads] * 3  # each function's rows in `threads` chunks
+    torch.testing.assert_close(y, torch.bmm(a, b))
+    torch.testing.assert_close(y_bias, torch.baddbmm(bias, a, b))
+    torch.testing.assert_close(w, torch.bmm(a.transpose(1, 2), c))
+    assert torch.autograd.gradcheck(lambda *t: function_bmm(*t), (a[:, :256], b, bias))
+
+
+def test_a_model_computes_the_same_function_with_its_products_split_for_the_threads(tester, monkeypatch):
+    """Outputs and gradients of a training step, with the per-function products split for 2 threads or not."""
+    monkeypatch.setattr(modeling_neural_interpreter, "MIN_SPLIT_ROWS", 1)
+    config = tester.get_config(truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).eval()  # no dropout: the same function twice
+    inputs = NeuralInterpreterModelTester(batch_size=4).prepare_inputs(config)  # 4 x 18 tokens: even rows
+    results = []
+    for threads in (1, 2):
+        _with_threads(monkeypatch, threads)
+        with _BatchedProducts() as products:
+            results.append(_logits_and_gradients(model, inputs))
+        split = 2 * config.num_functions in products.batches
+        assert split == (threads == 2)
+    (logits, grads), (split_logits, split_grads) = results
+    torch.testing.assert_close(split_logits, logits, atol=1e-6, rtol=1e-5)
+    assert split_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(split_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_norm_mod_lin_has_exact_gradients():

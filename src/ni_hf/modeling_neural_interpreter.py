@@ -128,6 +128,61 @@ class ModLin(nn.Module):
         return apply_function_weights(x, self.function_weights(codes), self.function_bias(codes.shape[0]))
 
 
+# Smallest chunk of rows `_thread_split` cuts a function's matrix into: below it a GEMM is too small to pay.
+MIN_SPLIT_ROWS = 128
+
+
+def _thread_split(a: torch.Tensor) -> int:
+    """Chunks to cut each function's rows of a (U, M, K) into so that every CPU thread gets as many matrices.
+
+    torch's CPU bmm is MKL's sgemm_batch, which hands whole matrices to threads: U = 5 functions on 2 threads run as
+    3 rounds, the last on one thread (161 against 193 GFLOP/s for the (5, 8576, 192) @ (5, 192, 192) products of the
+    digits preset at batch 128; benchmarks/RESULTS.md). 1 where that cannot happen or splitting cannot help: on
+    accelerators, while compiling or exporting (one graph for every thread count), with one thread, when a's
+    function batches are not one stride of its rows (expanded or transposed views), or when the rows do not divide.
+    """
+    if a.device.type != "cpu" or torch.compiler.is_compiling():
+        return 1
+    threads = torch.get_num_threads()
+    num_functions, rows = a.shape[0], a.shape[1]
+    if threads <= 1 or num_functions % threads == 0:
+        return 1
+    split = threads // math.gcd(num_functions, threads)
+    if rows % split or rows // split < MIN_SPLIT_ROWS or a.stride(0) != rows * a.stride(1):
+        return 1
+    return split
+
+
+def _repeat_functions(t: torch.Tensor, split: int) -> torch.Tensor:
+    """(U, ...) -> (U * split, ...): each function's entry repeated for its `split` chunks of rows."""
+    return t.unsqueeze(1).expand(t.shape[0], split, *t.shape[1:]).reshape(-1, *t.shape[1:])
+
+
+def function_bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """bias + a @ b per function: a (U, M, K), b (U, K, N), bias (U, 1, N) or None -> (U, M, N), thread-balanced."""
+    split = _thread_split(a)
+    if split > 1:
+        num_functions, rows, _ = a.shape
+        a = a.reshape(num_functions * split, rows // split, -1)
+        b = _repeat_functions(b, split)
+        bias = None if bias is None else _repeat_functions(bias, split)
+    y = torch.bmm(a, b) if bias is None else torch.baddbmm(bias, a, b)
+    return y if split == 1 else y.view(-1, split * y.shape[1], y.shape[2])
+
+
+def function_weight_grad(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """a^T @ c per function, summed over the rows: a (U, M, K1), c (U, M, K2) -> (U, K1, K2), thread-balanced."""
+    split = _thread_split(a)
+    if split == 1 or _thread_split(c) != split:
+        return torch.bmm(a.transpose(1, 2), c)
+    num_functions, rows = a.shape[:2]
+    chunks = torch.bmm(
+        a.reshape(num_functions * split, rows // split, -1).transpose(1, 2),
+        c.reshape(num_functions * split, rows // split, -1),
+    )
+    return chunks.view(num_functions, split, *chunks.shape[1:]).sum(1)
+
+
 def apply_function_weights(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, function_first: bool = True
 ) -> torch.Tensor:
@@ -144,10 +199,7 @@ def apply_function_weights(
         return y.permute(2, 0, 1, 3) if function_first else y
     u, b, n, _ = x.shape
     flat = x.reshape(u, b * n, in_features)
-    if bias is None:
-        y = torch.bmm(flat, weight.transpose(1, 2))
-    else:
-        y = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+    y = function_bmm(flat, weight.transpose(1, 2), None if bias is None else bias.unsqueeze(1))
     y = y.view(u, b, n, out_features)
     return y if function_first else y.permute(1, 2, 0, 3)
 
@@ -212,7 +264,7 @@ def _gated_mod_lin_backward(
     inputs = F.gelu(x) if gelu else x
     flat_x = inputs.reshape(u, b * n, in_features)
     flat_gate = gate.reshape(u, b * n, 1)
-    grad_w = torch.bmm(grad, weight)  # g W_u: (U, B*N, in)
+    grad_w = function_bmm(grad, weight)  # g W_u: (U, B*N, in)
     grad_x = None
     if needs_grad_x:
         grad_x = (grad_w * flat_gate).view_as(x)
@@ -224,7 +276,7 @@ def _gated_mod_lin_backward(
         grad_gate = grad_gate + (grad.float() @ bias.float()).unsqueeze(-1)
     grad_gate = grad_gate.view_as(gate).to(gate.dtype)
     gated_grad = grad * flat_gate
-    grad_weight = torch.bmm(gated_grad.transpose(1, 2), flat_x).to(weight.dtype)
+    grad_weight = function_weight_grad(gated_grad, flat_x).to(weight.dtype)
     grad_bias = None if bias is None else gated_grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
     return grad_x, grad_weight, grad_bias, grad_gate
 
@@ -418,11 +470,9 @@ class _NormModLin(torch.autograd.Function):
             if norm_weight is not None:
                 normed = normed * norm_weight + norm_bias
             grad = grad.reshape(u, b * n, -1)
-            grad_weight = torch.bmm(
-                grad.transpose(1, 2), normed.reshape(u, b * n, in_features).to(grad.dtype)
-            )
+            grad_weight = function_weight_grad(grad, normed.reshape(u, b * n, in_features).to(grad.dtype))
             grad_bias = None if bias is None else grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
-            grad_normed = torch.bmm(grad, weight.to(grad.dtype)).view_as(x)
+            grad_normed = function_bmm(grad, weight.to(grad.dtype)).view_as(x)
         x_norm = _layer_norm_input(x, norm_weight)
         grad_x, grad_norm_weight, grad_norm_bias = torch.ops.aten.native_layer_norm_backward(
             grad_normed.to(x_norm.dtype),
