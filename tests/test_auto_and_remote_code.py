@@ -88,6 +88,21 @@ def test_save_and_load_give_identical_logits_through_auto_classes(checkpoint):
     assert not loaded.neural_interpreter.scripts[0].signatures.requires_grad  # freezing survives loading
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_loading_in_half_precision_gives_finite_logits_close_to_float32(checkpoint, dtype):
+    """`from_pretrained(dtype=...)` (weights stored in that dtype, no autocast), as for inference and pipeline."""
+    path, _, batch, logits = checkpoint
+    loaded = AutoModelForImageClassification.from_pretrained(path, dtype=dtype).eval()
+    assert {p.dtype for p in loaded.parameters()} == {dtype}
+    with torch.no_grad():
+        half = loaded(pixel_values=batch["pixel_values"].to(dtype), task_ids=torch.tensor([0, 1])).logits
+    assert half.dtype == dtype and torch.isfinite(half).all()
+    torch.testing.assert_close(half.float(), logits, atol=0.05, rtol=0.05)
+    result = pipeline("image-classification", model=str(path), dtype=dtype, top_k=10)(digit_image(0))
+    scores = torch.tensor([r["score"] for r in sorted(result, key=lambda r: int(r["label"]))])
+    torch.testing.assert_close(scores, torch.softmax(logits[0], -1), atol=0.01, rtol=0)
+
+
 def test_auto_model_loads_the_backbone_of_a_classifier_checkpoint(checkpoint):
     path, model, batch, _ = checkpoint
     backbone = AutoModel.from_pretrained(path).eval()
