@@ -1017,6 +1017,89 @@ def test_compatibilities_are_normalised_and_truncated(tester):
     torch.testing.assert_close(sums[accepted], torch.ones_like(sums[accepted]), atol=1e-5, rtol=0)
 
 
+def _attentions_and_routing(model, config, inputs, **kwargs):
+    out = model(**inputs, output_attentions=True, output_routing=True, **kwargs)
+    iterations = sum(config.iterations_per_script)
+    assert len(out.attentions) == iterations * config.num_loc_layers
+    return out
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_output_attentions_are_the_weights_the_eager_forward_multiplies_the_values_with(
+    tester, monkeypatch, impl
+):
+    """Every LOC's W (B, U, H, N, N), computed apart, equals the W that the eager formulation forms inside forward."""
+    config = tester.get_config(truncation_tau=0.9, num_loc_layers=2)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).eval()
+    model.set_attn_implementation("eager")
+    formed = []
+    weights = modeling_neural_interpreter.modulated_attention_weights
+    monkeypatch.setattr(
+        modeling_neural_interpreter,
+        "modulated_attention_weights",
+        lambda *a: formed.append(weights(*a)) or formed[-1],
+    )
+    inputs = tester.prepare_inputs(config)
+    out = _attentions_and_routing(model, config, inputs)
+    assert len(formed) == 2 * len(out.attentions)  # attention_weights, then the eager forward, per LOC
+    b, n = tester.batch_size, tester.set_size(config)
+    for returned, apart, inside in zip(out.attentions, formed[0::2], formed[1::2], strict=True):
+        assert returned.shape == (b, config.num_functions, config.num_attention_heads, n, n)
+        torch.testing.assert_close(returned, apart, atol=0, rtol=0)
+        torch.testing.assert_close(returned, inside, atol=1e-6, rtol=1e-5)
+    # The other implementations return the same weights: they are formed apart, in the literal form.
+    model.set_attn_implementation(impl)
+    again = model(**inputs, output_attentions=True)
+    for w, w_again in zip(out.attentions, again.attentions, strict=True):
+        torch.testing.assert_close(w_again, w, atol=1e-6, rtol=1e-5)
+
+
+def test_a_function_attends_only_between_tokens_it_accepts(tester):
+    """W_uhij = 0 where C_ui = 0 or C_uj = 0 (Eq. 6), and each row of W sums to at most 1."""
+    config = tester.get_config(truncation_tau=0.9)
+    torch.manual_seed(0)
+    model = NeuralInterpreterModel(config).eval()
+    out = _attentions_and_routing(
+        model, config, {"pixel_values": tester.prepare_inputs(config)["pixel_values"]}
+    )
+    c = out.compatibilities[0][:, :, None]  # (B, U, 1, N): the first iteration's, its one LOC
+    w = out.attentions[0]
+    assert (c == 0).any() and (c > 0).any()  # the test sees both kinds of token
+    assert (w.masked_select((c == 0).unsqueeze(-1).expand_as(w)) == 0).all()  # rejected queries
+    assert (w.masked_select((c == 0).unsqueeze(-2).expand_as(w)) == 0).all()  # rejected keys
+    assert (w >= 0).all() and (w.sum(-1) <= 1 + 1e-6).all()
+
+
+def test_output_attentions_follow_the_config_and_the_tuple_convention(tester, monkeypatch):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    inputs = tester.prepare_inputs(config)
+    calls = []
+    method = modeling_neural_interpreter.LineOfCode.attention_weights
+    monkeypatch.setattr(
+        modeling_neural_interpreter.LineOfCode, "attention_weights", lambda *a: calls.append(1) or method(*a)
+    )
+    assert model(**inputs).attentions is None and not calls  # not asked: not computed
+    attentions = model(**inputs, output_attentions=True).attentions
+    plain = model(**inputs, return_dict=False)
+    with_attentions = model(**inputs, return_dict=False, output_attentions=True)
+    assert len(with_attentions) == len(plain) + 1
+    for w, w_tuple in zip(attentions, with_attentions[2], strict=True):  # (loss, logits, attentions)
+        torch.testing.assert_close(w_tuple, w)
+    model.set_attn_implementation("eager")
+    config.output_attentions = True  # transformers' config flag (it asks for the eager implementation)
+    assert len(model(**inputs).attentions) == len(attentions)
+    regression = NeuralInterpreterForSetRegression(
+        tester.get_config(use_relative_positional_bias=False)
+    ).eval()
+    x = torch.rand(2, regression.config.num_input_variables)
+    assert (
+        regression(inputs=x, output_attentions=True).attentions[0].shape[-1]
+        == regression.config.num_tasks + x.shape[1]
+    )
+
+
 def test_truncated_pairs_get_zero_gradient_unless_straight_through(tester):
     for straight_through in (False, True):
         config = tester.get_config(truncation_tau=0.5, straight_through=straight_through, kernel_eps=0.0)

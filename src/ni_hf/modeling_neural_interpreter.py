@@ -45,6 +45,8 @@ class NeuralInterpreterModelOutput(ModelOutput):
         last_hidden_state: (B, N, d) the set after the last function iteration (task tokens first).
         pooler_output: (B, T, d) the outputs of the T task (CLS) tokens.
         hidden_states: the set before the first and after every function iteration, each (B, N, d).
+        attentions: Eq. 6's attention weights W of every (script, function iteration, LOC) in order, each
+            (B, U, H, N, N): function u's weight of token j for token i at head h, before attention dropout.
         compatibilities: C of every (script, function iteration) in order, each (B, U, N).
         types: the types t of every (script, function iteration), each (B, N, d_type).
     """
@@ -52,6 +54,7 @@ class NeuralInterpreterModelOutput(ModelOutput):
     last_hidden_state: torch.FloatTensor | None = None
     pooler_output: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
     compatibilities: tuple[torch.FloatTensor, ...] | None = None
     types: tuple[torch.FloatTensor, ...] | None = None
 
@@ -63,12 +66,13 @@ class NeuralInterpreterImageClassifierOutput(ModelOutput):
     Args:
         loss: cross-entropy of `logits` against `labels`, when labels are given.
         logits: (B, num_labels) the logits of each sample's own task head.
-        hidden_states / compatibilities / types: as in `NeuralInterpreterModelOutput`.
+        hidden_states / attentions / compatibilities / types: as in `NeuralInterpreterModelOutput`.
     """
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
     compatibilities: tuple[torch.FloatTensor, ...] | None = None
     types: tuple[torch.FloatTensor, ...] | None = None
 
@@ -80,12 +84,13 @@ class NeuralInterpreterSetRegressionOutput(ModelOutput):
     Args:
         loss: mean squared error of `predictions` against `labels`, when labels are given.
         predictions: (B, T) one regression output per task token.
-        hidden_states / compatibilities / types: as in `NeuralInterpreterModelOutput`.
+        hidden_states / attentions / compatibilities / types: as in `NeuralInterpreterModelOutput`.
     """
 
     loss: torch.FloatTensor | None = None
     predictions: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
     compatibilities: tuple[torch.FloatTensor, ...] | None = None
     types: tuple[torch.FloatTensor, ...] | None = None
 
@@ -596,6 +601,19 @@ def _modulated_attention_from_logits(
     dropout: float,
 ) -> torch.Tensor:
     """The rest of `modulated_attention_eager` from its logits q.k (B, U, H, N, N)."""
+    weights = modulated_attention_weights(logits, compatibilities, position_bias, scale, eps)
+    weights = F.dropout(weights, p=dropout, training=dropout > 0)
+    return weights @ value
+
+
+def modulated_attention_weights(
+    logits: torch.Tensor,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    scale: float,
+    eps: float,
+) -> torch.Tensor:
+    """Eq. 6's W (B, U, H, N, N) from the logits q.k: A~ / (eps + sum_j A~), A~_ij = C_ui C_uj softmax_j(...)."""
     if position_bias is not None:
         logits = logits + position_bias
     probs = torch.softmax(logits * scale, dim=-1)
@@ -603,9 +621,7 @@ def _modulated_attention_from_logits(
     modulated = c.unsqueeze(-1) * c.unsqueeze(-2) * probs
     total = modulated.sum(dim=-1, keepdim=True)
     nonzero = eps + total > 0
-    weights = torch.where(nonzero, modulated / torch.where(nonzero, eps + total, 1.0), 0.0)
-    weights = F.dropout(weights, p=dropout, training=dropout > 0)
-    return weights @ value
+    return torch.where(nonzero, modulated / torch.where(nonzero, eps + total, 1.0), 0.0)
 
 
 def modulated_attention_columns(
@@ -1537,6 +1553,30 @@ class LineOfCode(nn.Module):
             return gated_mod_lin_sum(self.mlp.fc2, a, hidden, codes, gate)
         return a + gated_mod_lin(self.mlp.fc2, hidden, codes, gate, gelu=True)
 
+    def attention_weights(
+        self,
+        x: torch.Tensor,
+        compatibilities: torch.Tensor,
+        codes: torch.Tensor,
+        position_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Eq. 6's attention weights W (B, U, H, N, N) of this LOC on `forward`'s inputs, before attention dropout.
+
+        Computed apart from `forward` in the literal form (the fast paths never form W): for `output_attentions`.
+        """
+        h = self.attention_norm(x)
+        scale = 1.0 / math.sqrt(self.head_size)
+
+        def heads(projection: ModLin, factor: float = 1.0) -> torch.Tensor:
+            y = apply_function_weights(
+                h, projection.function_weights(codes) * factor, None
+            )  # (U, B, N, H dh)
+            return y.unflatten(-1, (self.num_heads, -1)).permute(1, 0, 3, 2, 4)
+
+        logits = heads(self.query, scale) @ heads(self.key).transpose(-1, -2)
+        bias = None if position_bias is None else position_bias * scale
+        return modulated_attention_weights(logits, compatibilities, bias, 1.0, self.config.attention_eps)
+
 
 class TypeInference(nn.Module):
     """Type inference, Eq. 2: t_i = normalize(MLP(LayerNorm(x_i)))."""
@@ -1594,26 +1634,31 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         position_biases: torch.Tensor | None = None,
         function_mask: torch.Tensor | None = None,
         loc_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One function iteration (Eq. 8): y_i = sum_u C_ui LOC_stack_u(x)_i. Returns (y, C (U,B,N), types).
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """One function iteration (Eq. 8): y_i = sum_u C_ui LOC_stack_u(x)_i. Returns (y, C (U,B,N), types, W).
 
         position_biases: from `position_biases` (patch inputs), or None (a set without positions).
         loc_positions: (N, d) absolute positions added to the stream before every LOC (zero rows for the task
             tokens), or None; type inference and the outer residual see x without them, as in the reference.
+        output_attentions: W is then every LOC's Eq. 6 weights (`LineOfCode.attention_weights`), else None.
         """
         types = self.type_inference(hidden_states)
         compatibilities = self.compatibilities(types, function_mask)
         streams = hidden_states  # every stream starts from the same x: kept unexpanded for the first LOC
+        attentions = () if output_attentions else None
         for i, loc in enumerate(self.locs):
             bias = None if position_biases is None else position_biases[i]
             if loc_positions is not None:
                 streams = streams + loc_positions
+            if output_attentions:
+                attentions += (loc.attention_weights(streams, compatibilities, self.codes, bias),)
             # The last LOC forms sum_u C_ui LOC_u(x)_i itself, which spares keeping the streams for dL/dC.
             streams = loc(streams, compatibilities, self.codes, bias, combine=i == len(self.locs) - 1)
         output = streams
         if self.config.outer_residual:
             output = hidden_states + output
-        return output, compatibilities, types
+        return output, compatibilities, types, attentions
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1837,6 +1882,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
         return_dict: bool | None = None,
         loc_position_embeddings: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
     ) -> NeuralInterpreterModelOutput | tuple:
         r"""Run the scripts on the input set with the task tokens prepended.
 
@@ -1846,6 +1892,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             loc_position_embeddings: (N_in, d) positions of the input elements, added to the stream inside every
                 LOC (`input_position_embedding_placement="every_loc"`); the task tokens get none.
             output_hidden_states: return the set after every function iteration.
+            output_attentions: return Eq. 6's attention weights (B, U, H, N, N) of every LOC of every function
+                iteration (computed apart, in the literal form, whatever the attention implementation).
             output_routing: return the compatibilities C (B, U, N) and types of every function iteration.
             num_function_iterations: run this many iterations per script (int or one per script) instead of the
                 config's: anytime inference.
@@ -1856,6 +1904,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         output_hidden_states = (
             c.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        output_attentions = c.output_attentions if output_attentions is None else output_attentions
         return_dict = c.return_dict if return_dict is None else return_dict
         embeddings, is_patch_grid = self._embed_inputs(pixel_values, inputs_embeds)
         batch_size = embeddings.shape[0]
@@ -1883,14 +1932,19 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             loc_positions = F.pad(loc_position_embeddings.to(hidden.dtype), (0, 0, num_prefix, 0))
 
         all_hidden = (hidden,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
         all_compat = () if output_routing else None
         all_types = () if output_routing else None
         for script, n_iter, mask in zip(self.scripts, iterations, function_masks, strict=True):
             biases = script.position_biases(num_prefix) if is_patch_grid and n_iter > 0 else None
             for _ in range(n_iter):
-                hidden, compat, types = script(hidden, biases, mask, loc_positions)
+                hidden, compat, types, attentions = script(
+                    hidden, biases, mask, loc_positions, output_attentions=output_attentions
+                )
                 if output_hidden_states:
                     all_hidden += (hidden,)
+                if output_attentions:
+                    all_attentions += attentions
                 if output_routing:
                     all_compat += (compat.transpose(0, 1),)
                     all_types += (types,)
@@ -1907,11 +1961,13 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             )
         pooled = hidden[:, :num_prefix]
         if not return_dict:
-            return tuple(v for v in (hidden, pooled, all_hidden, all_compat, all_types) if v is not None)
+            outputs = (hidden, pooled, all_hidden, all_attentions, all_compat, all_types)
+            return tuple(v for v in outputs if v is not None)
         return NeuralInterpreterModelOutput(
             last_hidden_state=hidden,
             pooler_output=pooled,
             hidden_states=all_hidden,
+            attentions=all_attentions,
             compatibilities=all_compat,
             types=all_types,
         )
@@ -2124,6 +2180,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         num_function_iterations: int | Sequence[int] | None = None,
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
         return_dict: bool | None = None,
+        output_attentions: bool | None = None,
     ) -> NeuralInterpreterImageClassifierOutput | tuple:
         r"""Logits of each sample's task head; the loss of `config.problem_type` when `labels` are given.
 
@@ -2137,6 +2194,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         outputs = self.neural_interpreter(
             pixel_values=pixel_values,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
             output_routing=output_routing,
             num_function_iterations=num_function_iterations,
             disabled_functions=disabled_functions,
@@ -2162,12 +2220,13 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
         loss = None if labels is None else classification_loss(logits, labels, self.config)
         if not return_dict:
-            extra = (outputs.hidden_states, outputs.compatibilities, outputs.types)
+            extra = (outputs.hidden_states, outputs.attentions, outputs.compatibilities, outputs.types)
             return tuple(v for v in (loss, logits, *extra) if v is not None)
         return NeuralInterpreterImageClassifierOutput(
             loss=loss,
             logits=logits,
             hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
             compatibilities=outputs.compatibilities,
             types=outputs.types,
         )
@@ -2218,6 +2277,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         num_function_iterations: int | Sequence[int] | None = None,
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
         return_dict: bool | None = None,
+        output_attentions: bool | None = None,
     ) -> NeuralInterpreterSetRegressionOutput | tuple:
         r"""Predictions (B, T) from inputs (B, num_input_variables); MSE loss against labels (B, T)."""
         c = self.config
@@ -2234,6 +2294,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
             inputs_embeds=embeds,
             loc_position_embeddings=self.input_position_embeddings if every_loc else None,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
             output_routing=output_routing,
             num_function_iterations=num_function_iterations,
             disabled_functions=disabled_functions,
@@ -2250,12 +2311,13 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
                 )
             loss = F.mse_loss(predictions.float(), labels.to(predictions.device).float())
         if not return_dict:
-            extra = (outputs.hidden_states, outputs.compatibilities, outputs.types)
+            extra = (outputs.hidden_states, outputs.attentions, outputs.compatibilities, outputs.types)
             return tuple(v for v in (loss, predictions, *extra) if v is not None)
         return NeuralInterpreterSetRegressionOutput(
             loss=loss,
             predictions=predictions,
             hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
             compatibilities=outputs.compatibilities,
             types=outputs.types,
         )
