@@ -1568,9 +1568,8 @@ class LineOfCode(nn.Module):
         scale = 1.0 / math.sqrt(self.head_size)
 
         def heads(projection: ModLin, factor: float = 1.0) -> torch.Tensor:
-            y = apply_function_weights(
-                h, projection.function_weights(codes) * factor, None
-            )  # (U, B, N, H dh)
+            """(B, U, H, N, dh) from the (U, B, N, H dh) projection of h."""
+            y = apply_function_weights(h, projection.function_weights(codes) * factor, None)
             return y.unflatten(-1, (self.num_heads, -1)).permute(1, 0, 3, 2, 4)
 
         logits = heads(self.query, scale) @ heads(self.key).transpose(-1, -2)
