@@ -48,6 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import ni_hf
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
 from ni_hf.cpu_allocator import keep_freed_memory
+from ni_hf.cpu_bf16 import native_bf16_features
 from ni_hf.evaluation import routing_density as evaluation_routing_density
 from ni_hf.mkl_dispatch import mkl_code_path
 from ni_hf.modeling_neural_interpreter import (
@@ -900,6 +901,8 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         # library) moves float32 CPU throughput by up to 2x; LD_PRELOAD says whether the wrapper ran.
         "mkl_code_path": mkl_code_path(),
         "ld_preload": os.environ.get("LD_PRELOAD"),
+        # Instructions that multiply bf16 natively: with them, --dtype bfloat16 on CPU runs at about twice float32.
+        "native_bf16": native_bf16_features(),
     }
     if os.environ.get("PYTHONPATH"):
         env["command"] = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {env['command']}"
@@ -1011,7 +1014,12 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"Python {env['python']}"
         + (f"; GPU {env['gpu']} (CUDA {env.get('cuda')})" if env["gpu"] else "")
         + (f"; MKL code path {env['mkl_code_path']}" if env.get("mkl_code_path") is not None else "")
-        + (f"; LD_PRELOAD={env['ld_preload']}" if env.get("ld_preload") else ""),
+        + (f"; LD_PRELOAD={env['ld_preload']}" if env.get("ld_preload") else "")
+        + (
+            f"; native bf16 ({', '.join(env['native_bf16'])})"
+            if env.get("native_bf16") and cfg["device"] == "cpu"
+            else ""
+        ),
         f"- Command: `{env['command']}`",
         f"- Timing: {cfg['warmup']} warm-up round(s), {cfg['repeats']} repeats of {cfg['steps_per_repeat']} step(s), "
         "models alternated within each repeat; images/s as median [min–max]; training = forward + backward + "

@@ -63,6 +63,7 @@ from ni_hf.configuration_multitask_vit import MULTITASK_VIT_PRESETS
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS, config_argument_names
 from ni_hf.configuration_neural_interpreter import parse_config_overrides as _parse_config_overrides
 from ni_hf.cpu_allocator import KEEP_FREED_MEMORY_HELP, keep_freed_memory
+from ni_hf.cpu_bf16 import native_bf16_hint
 from ni_hf.data_transfer import (
     DATALOADER_WORKERS_HELP,
     PIN_MEMORY_HELP,
@@ -1100,6 +1101,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         keep_freed_memory()
     if training_args.should_log and training_args.device.type == "cpu" and (hint := slow_mkl_hint()):
         logger.warning(hint)
+    if (
+        training_args.should_log
+        and training_args.device.type == "cpu"
+        and (hint := native_bf16_hint(training_args.bf16))
+    ):
+        logger.info(hint)
     set_seed(training_args.seed)
     if compile_for_static_batches(training_args):
         logger.info(STATIC_BATCHES_NOTE)

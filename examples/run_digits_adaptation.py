@@ -53,6 +53,7 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
+from ni_hf.cpu_bf16 import native_bf16_hint
 from ni_hf.data_transfer import (
     DATALOADER_WORKERS_HELP,
     PIN_MEMORY_HELP,
@@ -686,6 +687,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logger.setLevel(logging.INFO if base.should_log else logging.WARNING)
     if base.should_log and base.device.type == "cpu" and (hint := slow_mkl_hint()):
         logger.warning(hint)
+    if base.should_log and base.device.type == "cpu" and (hint := native_bf16_hint(base.bf16)):
+        logger.info(hint)
     if compile_for_static_batches(base):
         logger.info(STATIC_BATCHES_NOTE)
     studies = [s.strip() for s in exp.studies.split(",") if s.strip()]

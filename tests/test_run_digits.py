@@ -797,6 +797,15 @@ def test_model_card_leaves_out_a_numpy_nan_accuracy_like_a_python_one():
     assert _percent(np.float32("nan")) == _percent(float("nan"))
 
 
+def test_a_float32_cpu_run_logs_the_hint_about_native_bf16(no_data_loading, tmp_path, monkeypatch, caplog):
+    """On a CPU that multiplies bf16 natively (ni_hf.cpu_bf16), a float32 run names the flags, before any work."""
+    asked = []
+    monkeypatch.setattr(run_digits, "native_bf16_hint", lambda bf16: asked.append(bf16) or "BF16 HINT")
+    with caplog.at_level(logging.INFO), pytest.raises(AssertionError, match="datasets were loaded"):
+        run_digits.main(quick_args(tmp_path, "--dataset_source", "sklearn"))
+    assert "BF16 HINT" in caplog.text and asked == [False]
+
+
 def test_a_cpu_run_logs_the_hint_about_mkl_on_amd_cpus(no_data_loading, tmp_path, monkeypatch, caplog):
     """Where MKL takes its generic path on an AMD CPU (ni_hf.mkl_dispatch), the run says what to do, before any work."""
     monkeypatch.setattr(run_digits, "slow_mkl_hint", lambda: "MKL HINT")
