@@ -612,6 +612,9 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"new dataset: {results['new_task']})",
         "",
     ]
+    precision = results.get("environment", {}).get("mixed_precision", "no")
+    if precision != "no":
+        lines += [f"Trained under {precision} autocast.", ""]
     fmt = lambda s: f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f} ({s['runs']})"  # noqa: E731
     fast, reinit = results.get("fast_adaptation"), results.get("reinitialized_functions")
     if fast or reinit:
@@ -666,6 +669,7 @@ def environment(base: TrainingArguments) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "device": str(base.device),
         "world_size": base.world_size,
+        "mixed_precision": "bf16" if base.bf16 else "fp16" if base.fp16 else "no",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

@@ -976,7 +976,8 @@ def results_markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"Run on {env['date']}: {env['cpu']} ({env['nproc']} cores, {env['torch_threads']} torch threads), "
-        f"torch {env['torch']}, transformers {env['transformers']}; total wall time "
+        + (f"{env['mixed_precision']} autocast, " if env.get("mixed_precision", "no") != "no" else "")
+        + f"torch {env['torch']}, transformers {env['transformers']}; total wall time "
         f"{results['wall_time_s']:.0f} s.",
     ]
     if timing.get("trainer_step", {}).get("median_s") and timing.get("bare_step", {}).get("median_s"):
@@ -1149,7 +1150,9 @@ def write_model_card(
         launcher_note=launcher_note,
         hyperparameters=hyperparameters,
         model_changes=", ".join(f"`{k}={json.dumps(v)}`" for k, v in changes.items()) if changes else "",
-        hardware=describe_hardware(device, sizes["world_size"]),
+        hardware=describe_hardware(
+            device, sizes["world_size"], results["environment"].get("mixed_precision", "no")
+        ),
         wall_time=f"{results['wall_time_s']:.0f} s",
         transformers_version=results["environment"]["transformers"],
         ni_hf_version=ni_hf.__version__,
@@ -1593,6 +1596,9 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     results["timing"] = timing
     results["environment"] = environment()
     results["environment"]["non_blocking_copies"] = bool(base_args.accelerator_config.non_blocking)
+    results["environment"]["mixed_precision"] = (
+        "bf16" if base_args.bf16 else "fp16" if base_args.fp16 else "no"
+    )
     results["wall_time_s"] = time.perf_counter() - start_time
     if not is_main_process:
         return results

@@ -143,6 +143,16 @@ def one_short_adaptation(checkpoint: Path) -> list[str]:
     ]
 
 
+def test_a_bf16_run_says_so_in_its_results(script: ModuleType, checkpoint: Path, tmp_path: Path) -> None:
+    """`--bf16 true --use_cpu true`: the results record bf16 autocast, so the accuracies are not read as float32's."""
+    results = script.main(
+        [*one_short_adaptation(checkpoint), "--bf16", "true", "--output_dir", str(tmp_path)]
+    )
+    assert results["environment"]["mixed_precision"] == "bf16"
+    assert "Trained under bf16 autocast." in script.results_markdown(results)
+    assert "autocast" not in script.results_markdown({**results, "environment": {"mixed_precision": "no"}})
+
+
 def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) -> None:
     """torchrun, 2 CPU ranks: the same steps per epoch as one process; only the main process writes results."""
     output_dir = tmp_path / "ddp"

@@ -164,6 +164,33 @@ def test_quick_protocol_writes_results(quick_run: tuple[dict[str, Any], Path]) -
     markdown = (output_dir / "fuzzy_boolean_results.md").read_text()
     assert "0.9983" in markdown and "0.9953" in markdown and "Finetuning CLS tokens" in markdown
     assert f"pre-trained {pre['routing_density']['mean']:.3f}, cls_tokens" in markdown
+    assert results["environment"]["mixed_precision"] == "no" and "autocast" not in markdown
+    assert "mixed precision: no" in (output_dir / "README.md").read_text()
+
+
+def test_a_bf16_run_says_so_in_its_results_and_model_card(script: ModuleType, tmp_path: Path) -> None:
+    """`--bf16 true --use_cpu true` (bf16 autocast on a CPU) is recorded, so that its R^2 are not read as float32's."""
+    threads = torch.get_num_threads()
+    try:
+        script.main(
+            [
+                "--protocol",
+                "quick",
+                "--settings",
+                "none",
+                "--output_dir",
+                str(tmp_path),
+                "--disable_tqdm",
+                "true",
+            ]
+            + ["--bf16", "true", "--use_cpu", "true"]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    results = json.loads((tmp_path / "fuzzy_boolean_results.json").read_text())
+    assert results["environment"]["mixed_precision"] == "bf16"
+    assert "bf16 autocast" in (tmp_path / "fuzzy_boolean_results.md").read_text()
+    assert "mixed precision: bf16" in (tmp_path / "README.md").read_text()
 
 
 CARD_SNIPPET_CHECK = """
