@@ -85,7 +85,7 @@ from ni_hf.digits_data import (
 )
 from ni_hf.evaluation import load_multitask_accuracy
 from ni_hf.mkl_dispatch import slow_mkl_hint
-from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware
+from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware, mixed_precision
 from ni_hf.paths import check_model_path
 from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
 
@@ -770,7 +770,7 @@ def write_model_card(
         )
     world_size = training_args.world_size
     command, launcher_note = reconstruct_command(__file__, argv, world_size)
-    mixed = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
+    mixed = mixed_precision(training_args)
     hyperparameters = {
         "optimizer": "RAdam (torch.optim.RAdam)"
         if training_args.radam

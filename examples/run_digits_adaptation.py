@@ -70,6 +70,7 @@ from ni_hf.digits_data import (
 )
 from ni_hf.evaluation import compute_multitask_accuracy
 from ni_hf.mkl_dispatch import slow_mkl_hint
+from ni_hf.model_card import mixed_precision
 from ni_hf.paths import check_model_path
 
 logger = logging.getLogger(__name__)
@@ -669,7 +670,7 @@ def environment(base: TrainingArguments) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "device": str(base.device),
         "world_size": base.world_size,
-        "mixed_precision": "bf16" if base.bf16 else "fp16" if base.fp16 else "no",
+        "mixed_precision": mixed_precision(base),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

@@ -91,7 +91,7 @@ from ni_hf.data_transfer import (
 from ni_hf.evaluation import routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 from ni_hf.mkl_dispatch import slow_mkl_hint
-from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware
+from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware, mixed_precision
 from ni_hf.paths import check_model_path
 from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
 
@@ -1596,9 +1596,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     results["timing"] = timing
     results["environment"] = environment()
     results["environment"]["non_blocking_copies"] = bool(base_args.accelerator_config.non_blocking)
-    results["environment"]["mixed_precision"] = (
-        "bf16" if base_args.bf16 else "fp16" if base_args.fp16 else "no"
-    )
+    results["environment"]["mixed_precision"] = mixed_precision(base_args)
     results["wall_time_s"] = time.perf_counter() - start_time
     if not is_main_process:
         return results

@@ -65,6 +65,11 @@ class TaskCardInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def mixed_precision(args: Any) -> str:
+    """The autocast of a TrainingArguments run as `describe_hardware` and the results name it: bf16, fp16 or no."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+
+
 def describe_hardware(device: str | None = None, world_size: int = 1, mixed_precision: str = "no") -> str:
     """One line naming the processors the run used: CPU model and cores, GPUs, processes, precision."""
     import torch
