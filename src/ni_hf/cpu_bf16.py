@@ -3,7 +3,7 @@
 CPUs with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake) or AMX (Intel Sapphire Rapids and later) run bf16
 matmuls through oneDNN at about twice the float32 rate. Under bf16 autocast (`--bf16 true --use_cpu true` in the
 Trainer scripts; weights, gradients and the optimizer stay float32) a training step of the digits preset at batch 128
-was 2.3-2.4x as fast on 2 cores of an AMD EPYC with AVX512_BF16 (2026-11-28, benchmarks/RESULTS.md, "bf16 autocast
+was 2.3-2.6x as fast on 2 cores of an AMD EPYC with AVX512_BF16 (2026-11-28, benchmarks/RESULTS.md, "bf16 autocast
 on CPUs that multiply bf16 natively"), the ViT baseline's 1.3x.
 """
 
