@@ -705,6 +705,11 @@ def test_thread_balanced_function_products_equal_plain_batched_products(monkeypa
     assert products.batches == [u * threads] * 3  # each function's rows in `threads` chunks
     torch.testing.assert_close(y, torch.bmm(a, b))
     torch.testing.assert_close(y_bias, torch.baddbmm(bias, a, b))
+    with torch.no_grad():  # into a given buffer, as `_Workspace` buffers are given, through the same split
+        for given_bias, expected in ((None, y), (bias, y_bias)):
+            out = torch.full((u, m, n), float("nan"), dtype=torch.double)
+            assert function_bmm(a, b, given_bias, out=out).data_ptr() == out.data_ptr()
+            torch.testing.assert_close(out, expected)
     torch.testing.assert_close(w, torch.bmm(a.transpose(1, 2), c))
     assert torch.autograd.gradcheck(lambda *t: function_bmm(*t), (a[:, :256], b, bias))
 
@@ -1270,8 +1275,9 @@ def _bilinear_model_and_batches(tester, sizes):
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatch, checkpointing):
-    """The bilinear form writes its transients into reused buffers: batches of other sizes, one after another,
-    with or without activation checkpointing (which redoes forwards inside the backward), match fresh tensors."""
+    """The custom Functions write their transients into reused buffers (the bilinear form's, the gated ModLins'
+    backwards): batches of other sizes, one after another, with or without activation checkpointing (which redoes
+    forwards inside the backward), match fresh tensors. Two roles sharing a buffer would make them differ."""
     model, batches = _bilinear_model_and_batches(tester, (3, 2, 3))
     if checkpointing:
         enable_activation_checkpointing(model)

@@ -163,15 +163,25 @@ def _repeat_functions(t: torch.Tensor, split: int) -> torch.Tensor:
     return t.unsqueeze(1).expand(t.shape[0], split, *t.shape[1:]).reshape(-1, *t.shape[1:])
 
 
-def function_bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """bias + a @ b per function: a (U, M, K), b (U, K, N), bias (U, 1, N) or None -> (U, M, N), thread-balanced."""
+def function_bmm(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """bias + a @ b per function: a (U, M, K), b (U, K, N), bias (U, 1, N) or None -> (U, M, N), thread-balanced.
+
+    out: a contiguous (U, M, N) tensor to write the product into (a `_Workspace` buffer), or None.
+    """
     split = _thread_split(a)
     if split > 1:
         num_functions, rows, _ = a.shape
         a = a.reshape(num_functions * split, rows // split, -1)
         b = _repeat_functions(b, split)
         bias = None if bias is None else _repeat_functions(bias, split)
-    y = torch.bmm(a, b) if bias is None else torch.baddbmm(bias, a, b)
+    if out is not None:
+        out = out.view(a.shape[0], a.shape[1], b.shape[2])
+    if bias is None:
+        y = torch.bmm(a, b) if out is None else torch.bmm(a, b, out=out)
+    else:
+        y = torch.baddbmm(bias, a, b) if out is None else torch.baddbmm(bias, a, b, out=out)
     return y if split == 1 else y.view(-1, split * y.shape[1], y.shape[2])
 
 
@@ -189,11 +199,16 @@ def function_weight_grad(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def apply_function_weights(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, function_first: bool = True
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    function_first: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply per-function weights (U, out, in) to x (U, B, N, in), or to x (B, N, in) shared by all functions.
 
     Returns (U, B, N, out); with `function_first=False` and a shared x, the cheaper (B, N, U, out) view.
+    out: for x (U, B, N, in), a contiguous tensor of U * B * N * out numbers to write the result into, or None.
     """
     num_functions, out_features, in_features = weight.shape
     if x.dim() == 3:
@@ -204,7 +219,7 @@ def apply_function_weights(
         return y.permute(2, 0, 1, 3) if function_first else y
     u, b, n, _ = x.shape
     flat = x.reshape(u, b * n, in_features)
-    y = function_bmm(flat, weight.transpose(1, 2), None if bias is None else bias.unsqueeze(1))
+    y = function_bmm(flat, weight.transpose(1, 2), None if bias is None else bias.unsqueeze(1), out=out)
     y = y.view(u, b, n, out_features)
     return y if function_first else y.permute(1, 2, 0, 3)
 
@@ -262,25 +277,37 @@ def _gated_mod_lin_backward(
     gate: torch.Tensor,
     gelu: bool,
     needs_grad_x: bool = True,
+    grad_x_name: str | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Backward of gate * ModLin(act(x); c_u): (dL/dx, dL/dW_u, dL/db, dL/dgate), without the layer's output."""
+    """Backward of gate * ModLin(act(x); c_u): (dL/dx, dL/dW_u, dL/db, dL/dgate), without the layer's output.
+
+    grad_x_name: dL/dx dies in the caller's backward (without `gelu`): a `_Workspace` buffer of that name may hold it.
+    """
     u, b, n, in_features = x.shape
+    # Float32 on CPU, the (U, B*N, .) temporaries below go to `_Workspace` buffers (see `_transient_stream`).
+    transient = _reuses_workspace(grad, x, weight, gate)
+    if not grad.is_contiguous():  # e.g. one dL/dy expanded over the functions (`_GatedModLinSum`)
+        grad = _transient_copy("dL/dy", grad)
     grad = grad.reshape(u, b * n, -1)
-    inputs = F.gelu(x) if gelu else x
+    inputs = _transient_gelu("recomputed input", x) if gelu else x
     flat_x = inputs.reshape(u, b * n, in_features)
     flat_gate = gate.reshape(u, b * n, 1)
-    grad_w = function_bmm(grad, weight)  # g W_u: (U, B*N, in)
-    grad_x = None
-    if needs_grad_x:
-        grad_x = (grad_w * flat_gate).view_as(x)
-        if gelu:
-            grad_x = torch.ops.aten.gelu_backward(grad_x, x.to(grad_x.dtype))
-        grad_x = grad_x.to(x.dtype)
-    grad_gate = (grad_w * flat_x).sum(-1, keepdim=True, dtype=torch.float32)
+    grad_w = function_bmm(grad, weight, out=_transient_stream("g W", (u, b * n, in_features), grad, weight))
+    grad_gate = _transient_mul("product", grad_w, flat_x).sum(-1, keepdim=True, dtype=torch.float32)
     if bias is not None:
         grad_gate = grad_gate + (grad.float() @ bias.float()).unsqueeze(-1)
     grad_gate = grad_gate.view_as(gate).to(gate.dtype)
-    gated_grad = grad * flat_gate
+    grad_x = None
+    if needs_grad_x:
+        if gelu:  # g W_u * gate dies in gelu_backward: in place on the transient g W_u
+            grad_x = grad_w.mul_(flat_gate) if transient else grad_w * flat_gate
+            grad_x = torch.ops.aten.gelu_backward(grad_x.view_as(x), x.to(grad_x.dtype))
+        elif grad_x_name is not None:
+            grad_x = _transient_mul(grad_x_name, grad_w, flat_gate)
+        else:
+            grad_x = grad_w * flat_gate
+        grad_x = grad_x.view_as(x).to(x.dtype)
+    gated_grad = _transient_mul("product", grad, flat_gate)
     grad_weight = function_weight_grad(gated_grad, flat_x).to(weight.dtype)
     grad_bias = None if bias is None else gated_grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
     return grad_x, grad_weight, grad_bias, grad_gate
@@ -343,7 +370,7 @@ class _AttentionOutput(torch.autograd.Function):
         with ctx.autocast():
             attended = _merged_normalised_columns(columns, c_key, ctx.eps)
             grad_x, grad_weight, grad_bias, grad_gate = _gated_mod_lin_backward(
-                grad, attended, weight, bias, gate, gelu=False
+                grad, attended, weight, bias, gate, gelu=False, grad_x_name="dL/dx"
             )
             del attended
             b, u, h, n = columns.shape[:4]
@@ -382,10 +409,16 @@ def _normalise_columns_backward(
     nonzero = denominator > 0
     inverse = torch.where(nonzero, 1.0 / torch.where(nonzero, denominator, 1.0), 0.0)
     ratio = c_key * inverse
-    grad_ratio = (grad * numerator).sum(-1, keepdim=True) * inverse * inverse
+    grad_ratio = _transient_mul("product", grad, numerator).sum(-1, keepdim=True) * inverse * inverse
     grad_total = -grad_ratio * c_key * c_key
     grad_c_key = (grad_ratio * eps).sum(2, keepdim=True)
-    grad_columns = torch.cat([grad * ratio, grad_total], dim=-1)
+    if torch.compiler.is_compiling():  # no strided out= there
+        grad_columns = torch.cat([grad * ratio, grad_total], dim=-1)
+    else:  # both parts straight into their slots: no (B, U, H, N, dv) temporary to copy over
+        dtype = torch.promote_types(torch.promote_types(grad.dtype, ratio.dtype), grad_total.dtype)
+        grad_columns = torch.empty(columns.shape, dtype=dtype, device=columns.device)
+        torch.mul(grad, ratio, out=grad_columns[..., :-1])
+        grad_columns[..., -1:] = grad_total
     return grad_columns.to(columns.dtype), grad_c_key.to(c_key.dtype)
 
 
@@ -415,9 +448,13 @@ class _GatedModLinSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, x, weight, bias, gate):
         ctx.autocast = _AutocastState(x.device.type)
-        num_functions = weight.shape[0]
+        u, b, n, _ = x.shape
+        # GELU(x) and the MLP's output die here (float32 on CPU: `_Workspace` buffers).
         y = apply_function_weights(
-            F.gelu(x), weight, None if bias is None else bias.expand(num_functions, -1)
+            _transient_gelu("recomputed input", x),
+            weight,
+            None if bias is None else bias.expand(u, -1),
+            out=_transient_stream("y", (u, b * n, weight.shape[1]), x, weight),
         )
         ctx.save_for_backward(a, x, weight, bias, gate)
         # As a + gate * y, then sum_u gate * (...); under autocast the residual stream stays in a's dtype.
@@ -433,7 +470,7 @@ class _GatedModLinSum(torch.autograd.Function):
             grad_x, grad_weight, grad_bias, g_dot_m = _gated_mod_lin_backward(
                 per_function, x, weight, bias, gate * gate, gelu=True
             )
-            g_dot_a = (a * per_function).sum(-1, keepdim=True, dtype=torch.float32)
+            g_dot_a = _transient_mul("product", a, per_function).sum(-1, keepdim=True, dtype=torch.float32)
             grad_gate = g_dot_a + 2 * gate.float() * g_dot_m.float()
             grad_a = per_function * gate
         return grad_a.to(a.dtype), grad_x, grad_weight, grad_bias, grad_gate.to(gate.dtype)
@@ -471,13 +508,24 @@ class _NormModLin(torch.autograd.Function):
         x, mean, rstd, norm_weight, norm_bias, weight, bias = ctx.saved_tensors
         u, b, n, in_features = x.shape
         with ctx.autocast():
-            normed = (x - mean) * rstd
-            if norm_weight is not None:
-                normed = normed * norm_weight + norm_bias
+            normed = _transient_stream("recomputed input", x.shape, x, mean, rstd)
+            if normed is None:
+                normed = (x - mean) * rstd
+                if norm_weight is not None:
+                    normed = normed * norm_weight + norm_bias
+            else:  # float32 on CPU: the same arithmetic in place on one buffer
+                torch.sub(x, mean, out=normed).mul_(rstd)
+                if norm_weight is not None:
+                    normed.mul_(norm_weight).add_(norm_bias)
             grad = grad.reshape(u, b * n, -1)
             grad_weight = function_weight_grad(grad, normed.reshape(u, b * n, in_features).to(grad.dtype))
+            del normed
             grad_bias = None if bias is None else grad.sum((0, 1), dtype=torch.float32).to(bias.dtype)
-            grad_normed = function_bmm(grad, weight.to(grad.dtype)).view_as(x)
+            grad_normed = function_bmm(
+                grad,
+                weight.to(grad.dtype),
+                out=_transient_stream("g W", (u, b * n, in_features), grad, weight),
+            ).view_as(x)
         x_norm = _layer_norm_input(x, norm_weight)
         grad_x, grad_norm_weight, grad_norm_bias = torch.ops.aten.native_layer_norm_backward(
             grad_normed.to(x_norm.dtype),
@@ -847,17 +895,23 @@ def _attention_weights_backward(
     grad_columns = _transient_matmul("dL/dcolumns", probs.transpose(-1, -2), grad_out)
     # dL/dlogits = P * (dL/dP - rowsum(dO * O)), in place on the one N x N buffer.
     grad_logits = _transient_matmul("dL/dlogits", grad_out, columns.transpose(-1, -2))
-    grad_logits.sub_((grad_out * out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(probs)
+    grad_logits.sub_(_transient_mul("product", grad_out, out.to(grad_out.dtype)).sum(-1, keepdim=True)).mul_(
+        probs
+    )
     return grad_columns, grad_logits
 
 
 def _compatibility_columns_backward(
-    grad_columns: torch.Tensor, value: torch.Tensor, c_key: torch.Tensor
+    grad_columns: torch.Tensor, value: torch.Tensor, c_key: torch.Tensor, out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backward of `_compatibility_columns`: (dL/dv, dL/dC_uj), the latter summed over the heads."""
+    """Backward of `_compatibility_columns`: (dL/dv, dL/dC_uj), the latter summed over the heads.
+
+    out: a (B, U, H, N, dv) tensor (a view in any layout) to write dL/dv into, or None.
+    """
     grad_scaled_values, grad_c_column = grad_columns.split([value.shape[-1], 1], dim=-1)
-    grad_value = grad_scaled_values * c_key
-    grad_c_key = ((grad_scaled_values * value).sum(-1, keepdim=True) + grad_c_column).sum(2, keepdim=True)
+    grad_value = grad_scaled_values * c_key if out is None else torch.mul(grad_scaled_values, c_key, out=out)
+    grad_c_key = _transient_mul("product", grad_scaled_values, value).sum(-1, keepdim=True)
+    grad_c_key = (grad_c_key + grad_c_column).sum(2, keepdim=True)
     return grad_value, grad_c_key
 
 
@@ -906,11 +960,16 @@ class _AttentionWithRecompute(torch.autograd.Function):
 
 
 class _Workspace(threading.local):
-    """Reused CPU buffers for the bilinear form's largest transients: h A, its gradient, the logits.
+    """Reused CPU buffers for the transients of the custom Functions: the bilinear form's h A, its gradient and the
+    logits, and the (U, B, N, d) temporaries of the gated ModLins' backwards (g W_u, recomputed GELU or LayerNorm
+    inputs, elementwise products summed at once).
 
     glibc maps every allocation above 32 MiB afresh (h A is 126 MiB at batch 128 for the digits preset), and
-    faulting those pages in takes about half as long as the GEMM that fills them. Each buffer is reused by every
-    function iteration, forward and backward, and grows to the largest size seen. One set per thread.
+    faulting those pages in takes about half as long as the GEMM that fills them. Below that (a (U, B, N, d) stream
+    is 31.4 MiB) its heap serves them, and a step's hundreds of such blocks, mixed with smaller ones, left 300-750
+    MiB of freed memory resident at the training peak (benchmarks/RESULTS.md, 2026-11-28). Each buffer is reused by
+    every function iteration, forward and backward, and grows to the largest size seen. One set per thread; a name
+    is one role, and a buffer never outlives the Function call that wrote it.
     """
 
     def __init__(self) -> None:
@@ -1034,8 +1093,8 @@ def set_columns_attention(model: nn.Module, enabled: bool = True) -> None:
 def release_workspace() -> None:
     """Free the reused CPU buffers (this thread's `_Workspace`, and the idle ones of `_KeptBuffers`).
 
-    Training on CPU leaves them with the process for the next step (about 1.6 GiB for the digits preset at batch
-    128); call this when training is over. The next forward allocates what it needs again.
+    Training on CPU leaves them with the process for the next step (about 2.1 GiB for the digits preset at batch
+    128: 0.5 GiB of workspace, 1.6 GiB of kept buffers); call this when training is over. The next forward allocates what it needs again.
     """
     _WORKSPACE.buffers.clear()
     _KEPT.clear()
@@ -1051,6 +1110,8 @@ def _reuses_workspace(*tensors: torch.Tensor) -> bool:
         all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
+        # out= records no autograd: not in a backward that builds a graph (create_graph=True)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     )
 
 
@@ -1089,6 +1150,28 @@ def _kept_copy(x: torch.Tensor) -> torch.Tensor:
     if not _reuses_workspace(x):
         return x.contiguous()
     return _KEPT.take(x.shape, x).copy_(x)
+
+
+def _transient_stream(name: str, shape: Sequence[int], *like: torch.Tensor) -> torch.Tensor | None:
+    """A buffer of `shape` for a result (written with out=) that dies before the next use of `name`, or None.
+
+    None where `_reuses_workspace` says no: the caller then lets the op allocate its result.
+    """
+    return _WORKSPACE.get(name, shape, like[0]) if _reuses_workspace(*like) else None
+
+
+def _transient_mul(name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a * b (b broadcast to a's shape), for a result that dies before the next call with the same name."""
+    if not _reuses_workspace(a, b) or torch.broadcast_shapes(a.shape, b.shape) != a.shape:
+        return a * b
+    return torch.mul(a, b, out=_WORKSPACE.get(name, a.shape, a))
+
+
+def _transient_gelu(name: str, x: torch.Tensor) -> torch.Tensor:
+    """GELU(x), for a result that dies before the next call with the same name."""
+    if not _reuses_workspace(x):
+        return F.gelu(x)
+    return torch.ops.aten.gelu.out(x, out=_WORKSPACE.get(name, x.shape, x))
 
 
 def _transient_linear(name: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -1168,8 +1251,11 @@ class _BilinearAttention(torch.autograd.Function):
             grad_hidden = grad_hidden.add_(grad_mixed @ bilinear.to(grad_mixed.dtype))
             flat_hidden = hidden.reshape(b * n, d)
             grad_bilinear = grad_mixed.reshape(b * n, -1).t() @ flat_hidden.to(grad_mixed.dtype)
-            grad_value, grad_c_key = _compatibility_columns_backward(grad_columns, value, c_key)
-            # v = h W_v^T + b_v in the (B, N, U, H, dv) layout of the GEMM that made it.
+            # v = h W_v^T + b_v in the (B, N, U, H, dv) layout of the GEMM that made it (dL/dv written into it).
+            layout = _transient_stream("dL/dx", (b, n, u, h, value.shape[-1]), grad_columns, c_key)
+            grad_value, grad_c_key = _compatibility_columns_backward(
+                grad_columns, value, c_key, out=None if layout is None else layout.permute(0, 2, 3, 1, 4)
+            )
             grad_value = grad_value.permute(0, 3, 1, 2, 4).reshape(b * n, -1)
             grad_hidden = grad_hidden.add_((grad_value @ value_weight.to(grad_value.dtype)).view(b, n, d))
             grad_value_weight = (grad_value.t() @ flat_hidden.to(grad_value.dtype)).to(value_weight.dtype)
@@ -1191,9 +1277,19 @@ class _BilinearAttention(torch.autograd.Function):
 def _bilinear_values(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, u: int, h: int
 ) -> torch.Tensor:
-    """v = h W_v,u^T + b_v,u (B, U, H, N, dv) for all functions in one GEMM: a view of (B, N, U, H, dv)."""
-    b, n, _ = hidden.shape
-    return F.linear(hidden, weight, bias).view(b, n, u, h, -1).permute(0, 2, 3, 1, 4)
+    """v = h W_v,u^T + b_v,u (B, U, H, N, dv) for all functions in one GEMM: a view of (B, N, U, H, dv).
+
+    The values die inside the calling Function (`_BilinearAttention` keeps h, not v): a `_Workspace` buffer.
+    """
+    b, n, d = hidden.shape
+    out = _transient_stream("y", (b * n, weight.shape[0]), hidden, weight)
+    if out is None:
+        value = F.linear(hidden, weight, bias)
+    elif bias is None:
+        value = torch.mm(hidden.reshape(b * n, d), weight.t(), out=out)
+    else:
+        value = torch.addmm(bias, hidden.reshape(b * n, d), weight.t(), out=out)
+    return value.view(b, n, u, h, -1).permute(0, 2, 3, 1, 4)
 
 
 def _bilinear_probs(
