@@ -535,12 +535,12 @@ def test_bilinear_attention_function_has_exact_gradients(with_bias):
     inputs = [t.requires_grad_() for t in (hidden, bilinear, value_weight, value_bias, c_key)]
     if with_bias:
         inputs.append(torch.randn(u, h, n, n, dtype=torch.double, requires_grad=True))
-        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, h, True), inputs)
+        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, h, True, None), inputs)
     else:
-        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, None, h, True), inputs)
+        assert torch.autograd.gradcheck(lambda *a: _BilinearAttention.apply(*a, None, h, True, None), inputs)
         # a value projection without bias
         assert torch.autograd.gradcheck(
-            lambda x, w, wv, c: _BilinearAttention.apply(x, w, wv, None, c, None, h, True),
+            lambda x, w, wv, c: _BilinearAttention.apply(x, w, wv, None, c, None, h, True, None),
             [hidden, bilinear, value_weight, c_key],
         )
 
@@ -744,7 +744,7 @@ def test_norm_mod_lin_has_exact_gradients():
     weight = torch.randn(u, d_out, d_in, dtype=torch.double, requires_grad=True)
     bias = torch.randn(d_out, dtype=torch.double, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda *a: _NormModLin.apply(a[0], a[1], a[2], 1e-5, a[3], a[4]),
+        lambda *a: _NormModLin.apply(a[0], a[1], a[2], 1e-5, a[3], a[4], None),
         (x, norm_weight, norm_bias, weight, bias),
     )
 
@@ -762,7 +762,7 @@ def test_norm_mod_lin_normalises_a_bf16_stream_in_the_weights_float32_like_autoc
         norm.bias.normal_()
     weight = torch.randn(u, d_out, d_in, requires_grad=True)
     bias = torch.randn(d_out, requires_grad=True)
-    out = _NormModLin.apply(x, norm.weight, norm.bias, norm.eps, weight, bias)
+    out = _NormModLin.apply(x, norm.weight, norm.bias, norm.eps, weight, bias, None)
     assert out.dtype == torch.float32
     out.square().sum().backward()
     params = (norm.weight, norm.bias, weight, bias)
@@ -802,7 +802,9 @@ def test_attention_output_has_exact_gradients(with_bias, shared_input):
     if with_bias:
         inputs.append(bias.requires_grad_())
     assert torch.autograd.gradcheck(
-        lambda x_, c, ck, w, g, *b_: _AttentionOutput.apply(x_, c, ck, 1e-3, w, b_[0] if b_ else None, g),
+        lambda x_, c, ck, w, g, *b_: _AttentionOutput.apply(
+            x_, c, ck, 1e-3, w, b_[0] if b_ else None, g, None
+        ),
         inputs,
     )
 
@@ -1294,12 +1296,53 @@ def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatc
     modeling_neural_interpreter.release_workspace()
     reused = run()
     assert modeling_neural_interpreter._WORKSPACE.buffers  # the buffers were used
-    monkeypatch.setattr(modeling_neural_interpreter, "_reuses_workspace", lambda *tensors: False)
+    monkeypatch.setattr(
+        modeling_neural_interpreter, "_cpu_float32", lambda *tensors: False
+    )  # no reuse at all
     fresh = run()
     for (logits, grads), (fresh_logits, fresh_grads) in zip(reused, fresh, strict=True):
         torch.testing.assert_close(logits, fresh_logits, atol=0, rtol=0)
         for g, f in zip(grads, fresh_grads, strict=True):
             torch.testing.assert_close(g, f, atol=1e-7, rtol=1e-6)
+
+
+def test_reused_cpu_buffers_give_the_inference_results_of_fresh_tensors(tester, monkeypatch):
+    """Without grad, a LOC's streams a, its MLP's hidden layer and the attention's columns go into reused buffers
+    (`_output_buffer`): batches of other sizes, one after another, give the logits of fresh tensors, exactly."""
+    model, batches = _bilinear_model_and_batches(tester, (3, 2, 3))
+    model.eval()
+
+    def run() -> list:
+        with torch.no_grad():
+            return [model(**inputs).logits for inputs in batches]
+
+    modeling_neural_interpreter.release_workspace()
+    reused = run()
+    assert {"LOC a", "LOC hidden", "LOC attention"} <= modeling_neural_interpreter._WORKSPACE.buffers.keys()
+    monkeypatch.setattr(
+        modeling_neural_interpreter, "_cpu_float32", lambda *tensors: False
+    )  # no reuse at all
+    for logits, fresh in zip(reused, run(), strict=True):
+        torch.testing.assert_close(logits, fresh, atol=0, rtol=0)
+
+
+def test_training_after_a_forward_under_inference_mode(tester):
+    """A forward under torch.inference_mode() makes the reused CPU buffers inference tensors, which take no in-place
+    writes outside it: the training step after it must not fail, and computes the gradients it computes alone."""
+    model, (inputs,) = _bilinear_model_and_batches(tester, (3,))
+    modeling_neural_interpreter.release_workspace()
+    model(**inputs).loss.backward()
+    alone = _gradients(model)
+
+    modeling_neural_interpreter.release_workspace()
+    with torch.inference_mode():
+        model(**inputs)
+    assert any(b.is_inference() for b in modeling_neural_interpreter._WORKSPACE.buffers.values())
+    model(**inputs).loss.backward()
+    for g, ref in zip(_gradients(model), alone, strict=True):
+        torch.testing.assert_close(g, ref, atol=0, rtol=0)
+    with torch.inference_mode():  # and back: buffers made outside inference mode serve it as well
+        model(**inputs)
 
 
 def _gradients(model) -> list[torch.Tensor]:

@@ -346,12 +346,15 @@ class _AttentionOutput(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, columns, c_key, eps, weight, bias, gate):
+    def forward(ctx, x, columns, c_key, eps, weight, bias, gate, output):
         ctx.autocast = _AutocastState(columns.device.type)
         ctx.eps = eps
         ctx.shared_input = x.dim() == 3
         attended = _merged_normalised_columns(columns, c_key, eps)
-        y = apply_function_weights(attended, weight, None)
+        u, b, n, _ = attended.shape
+        y = apply_function_weights(
+            attended, weight, None, out=_function_output(output, (u, b, n, weight.shape[1]), columns)
+        )
         del attended
         if bias is not None:
             y.add_(bias.to(y.dtype))
@@ -377,7 +380,7 @@ class _AttentionOutput(torch.autograd.Function):
             grad_attended = grad_x.view(u, b, n, h, -1).permute(1, 0, 3, 2, 4)
             grad_columns, grad_c_key = _normalise_columns_backward(grad_attended, columns, c_key, ctx.eps)
         grad_residual = grad.sum(0) if ctx.shared_input else grad
-        return grad_residual, grad_columns, grad_c_key, None, grad_weight, grad_bias, grad_gate
+        return grad_residual, grad_columns, grad_c_key, None, grad_weight, grad_bias, grad_gate, None
 
 
 def _merged_normalised_columns(columns: torch.Tensor, c_key: torch.Tensor, eps: float) -> torch.Tensor:
@@ -430,12 +433,16 @@ def attention_output(
     eps: float,
     codes: torch.Tensor,
     gate: torch.Tensor,
+    output: str | None = None,
 ) -> torch.Tensor:
-    """x + gate * ModLin(Eq. 6; c_u) (U, B, N, out) from the attention's columns A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1)."""
+    """x + gate * ModLin(Eq. 6; c_u) (U, B, N, out) from the attention's columns A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1).
+
+    output: for a caller that uses the result only until its next call, a buffer name (see `_output_buffer`).
+    """
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
-    return _AttentionOutput.apply(
-        x, columns, c_key, eps, projection.function_weights(codes), projection.bias, gate
-    )
+    weight = projection.function_weights(codes)
+    output = _output_buffer(output, x, columns, weight)
+    return _AttentionOutput.apply(x, columns, c_key, eps, weight, projection.bias, gate, output)
 
 
 class _GatedModLinSum(torch.autograd.Function):
@@ -492,14 +499,15 @@ class _NormModLin(torch.autograd.Function):
     """ModLin(LayerNorm(x); c_u) for the U functions, keeping x and its statistics, not the normalised x."""
 
     @staticmethod
-    def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias):
+    def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias, output):
         ctx.autocast = _AutocastState(x.device.type)
         ctx.eps = eps
         normed, mean, rstd = torch.native_layer_norm(
             _layer_norm_input(x, norm_weight), x.shape[-1:], norm_weight, norm_bias, eps
         )
-        num_functions = weight.shape[0]
-        y = apply_function_weights(normed, weight, None if bias is None else bias.expand(num_functions, -1))
+        u, b, n, _ = x.shape
+        out = _function_output(output, (u, b, n, weight.shape[1]), normed)
+        y = apply_function_weights(normed, weight, None if bias is None else bias.expand(u, -1), out=out)
         ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, weight, bias)
         return y
 
@@ -539,16 +547,23 @@ class _NormModLin(torch.autograd.Function):
         )
         if grad_x is not None:
             grad_x = grad_x.to(x.dtype)
-        return grad_x, grad_norm_weight, grad_norm_bias, None, grad_weight.to(weight.dtype), grad_bias
+        return grad_x, grad_norm_weight, grad_norm_bias, None, grad_weight.to(weight.dtype), grad_bias, None
 
 
 def norm_mod_lin(
-    norm: nn.LayerNorm, projection: ModLin, x: torch.Tensor, codes: torch.Tensor
+    norm: nn.LayerNorm,
+    projection: ModLin,
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    output: str | None = None,
 ) -> torch.Tensor:
-    """ModLin(LayerNorm(x (U, B, N, in)); c_u) -> (U, B, N, out), through `_NormModLin`."""
-    return _NormModLin.apply(
-        x, norm.weight, norm.bias, norm.eps, projection.function_weights(codes), projection.bias
-    )
+    """ModLin(LayerNorm(x (U, B, N, in)); c_u) -> (U, B, N, out), through `_NormModLin`.
+
+    output: for a caller that uses the result only until its next call, a buffer name (see `_output_buffer`).
+    """
+    weight = projection.function_weights(codes)
+    output = _output_buffer(output, x, weight)
+    return _NormModLin.apply(x, norm.weight, norm.bias, norm.eps, weight, projection.bias, output)
 
 
 class ModMLP(nn.Module):
@@ -978,7 +993,13 @@ class _Workspace(threading.local):
     def get(self, name: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
         numel = math.prod(shape)
         buffer = self.buffers.get(name)
-        if buffer is None or buffer.numel() < numel or buffer.dtype != like.dtype:
+        if (
+            buffer is None
+            or buffer.numel() < numel
+            or buffer.dtype != like.dtype
+            # made under torch.inference_mode(): such a tensor takes no in-place writes outside it
+            or (buffer.is_inference() and not torch.is_inference_mode_enabled())
+        ):
             buffer = self.buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
         return buffer[:numel].view(shape)
 
@@ -1094,7 +1115,8 @@ def release_workspace() -> None:
     """Free the reused CPU buffers (this thread's `_Workspace`, and the idle ones of `_KeptBuffers`).
 
     Training on CPU leaves them with the process for the next step (about 2.1 GiB for the digits preset at batch
-    128: 0.5 GiB of workspace, 1.6 GiB of kept buffers); call this when training is over. The next forward allocates what it needs again.
+    128: 0.5 GiB of workspace, 1.6 GiB of kept buffers); call this when training is over. The next forward
+    allocates what it needs again.
     """
     _WORKSPACE.buffers.clear()
     _KEPT.clear()
@@ -1106,13 +1128,32 @@ def _reuses_workspace(*tensors: torch.Tensor) -> bool:
     Never while torch.compile traces: the compiler plans its own buffers, and a mutated module-level buffer is a
     side effect that breaks the graph (torch < 2.13) inside the custom Functions.
     """
+    # Grad mode is off inside a custom Function's forward and backward, except in a backward that builds a graph
+    # (create_graph=True), which may save what it reads: out= records no autograd, and a buffer is rewritten.
+    return _cpu_float32(*tensors) and not torch.is_grad_enabled()
+
+
+def _cpu_float32(*tensors: torch.Tensor) -> bool:
+    """Float32 CPU tensors, outside autocast and outside torch.compile's tracing: where the reused buffers apply."""
     return (
         all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
-        # out= records no autograd: not in a backward that builds a graph (create_graph=True)
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     )
+
+
+def _output_buffer(name: str | None, *inputs: torch.Tensor) -> str | None:
+    """`name` where a custom Function may write the (U, B, N, d) result it returns into this thread's `_Workspace`
+    buffer of that name, else None (a fresh tensor). For a caller done with the result before its next call with
+    `name` (a LOC's streams a and its MLP's hidden layer), and only where grad mode is off: with it on, a graph
+    recorded later could save the result. On float32 CPU tensors, as `_reuses_workspace`.
+    """
+    return name if name is not None and _cpu_float32(*inputs) and not torch.is_grad_enabled() else None
+
+
+def _function_output(output: str | None, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor | None:
+    """The `_Workspace` buffer `_output_buffer` named (for `shape`, and the dtype and device of `like`), or None."""
+    return None if output is None else _WORKSPACE.get(output, shape, like)
 
 
 def _transient_bmm(name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -1199,7 +1240,9 @@ class _BilinearAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, bilinear, value_weight, value_bias, c_key, position_bias, num_heads, keep):
+    def forward(
+        ctx, hidden, bilinear, value_weight, value_bias, c_key, position_bias, num_heads, keep, output
+    ):
         ctx.autocast = _AutocastState(hidden.device.type)
         ctx.num_heads = num_heads
         hidden = hidden.contiguous()
@@ -1219,6 +1262,8 @@ class _BilinearAttention(torch.autograd.Function):
             out = _KEPT.take((*probs.shape[:-1], columns.shape[-1]), probs)
             torch.bmm(probs.flatten(0, 2), columns.flatten(0, 2), out=out.view(-1, *out.shape[-2:]))
             saved_out = _KEPT.alias(out)
+        elif output is not None and _reuses_workspace(probs, columns):  # see `modulated_attention_bilinear`
+            out = saved_out = _transient_matmul(output, probs, columns)
         else:
             out = saved_out = probs @ columns
         ctx.save_for_backward(
@@ -1271,6 +1316,7 @@ class _BilinearAttention(torch.autograd.Function):
             grad_bias,
             None,
             None,
+            None,
         )
 
 
@@ -1317,13 +1363,15 @@ def modulated_attention_bilinear(
     num_heads: int,
     eps: float,
     normalise: bool = True,
+    output: str | None = None,
 ) -> torch.Tensor:
     """Eq. 6 exactly, as `modulated_attention_matmul` with q, k, v = h W_{q,k,v},u^T (+ b_v), in the bilinear form.
 
     hidden (B, N, d) is read by every function; query_weight / key_weight (U, H * d_h, d) and value_weight
     (U, H * dv, d) are the functions' modulated weights (the softmax scale folded into the query's), value_bias
     (U, H * dv) or None; compatibilities (U, B, N); position_bias (U, H, N, N) already scaled, or None. No
-    dropout: see `_BilinearAttention`.
+    dropout: see `_BilinearAttention`. output: for a caller done with the result before its next call with this
+    name, a `_Workspace` buffer name for the columns without `normalise` (used where grad mode is off).
     """
     u, hd, d = query_weight.shape
     wq = query_weight.view(u, num_heads, hd // num_heads, d)
@@ -1335,7 +1383,8 @@ def modulated_attention_bilinear(
     value_bias = None if value_bias is None else value_bias.reshape(-1)
     inputs = (hidden, bilinear, value_weight, value_bias, c_key, position_bias)
     keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
-    out = _BilinearAttention.apply(*inputs, num_heads, keep)
+    output = None if normalise or torch.is_grad_enabled() else output
+    out = _BilinearAttention.apply(*inputs, num_heads, keep, output)
     return _normalise_columns(out, c_key, eps) if normalise else out
 
 
@@ -1605,6 +1654,7 @@ class LineOfCode(nn.Module):
                 self.num_heads,
                 eps=eps,
                 normalise=not columns,
+                output="LOC attention",
             )
         elif bilinear:
             attended = modulated_attention_eager_bilinear(
@@ -1640,11 +1690,13 @@ class LineOfCode(nn.Module):
             a = torch.addcmul(x, gate, self.dropout(self.output(attended, codes)))
             streams = torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
             return (gate * streams).sum(0) if combine else streams
+        # a and the hidden layer stay inside this LOC: in inference on float32 CPU they go into reused buffers
+        # (`_output_buffer`).
         if columns:
-            a = attention_output(self.output, x, attended, compatibilities, eps, codes, gate)
+            a = attention_output(self.output, x, attended, compatibilities, eps, codes, gate, output="LOC a")
         else:
             a = x + gated_mod_lin(self.output, _merge_heads(attended), codes, gate)
-        hidden = norm_mod_lin(self.mlp_norm, self.mlp.fc1, a, codes)
+        hidden = norm_mod_lin(self.mlp_norm, self.mlp.fc1, a, codes, output="LOC hidden")
         if combine:
             return gated_mod_lin_sum(self.mlp.fc2, a, hidden, codes, gate)
         return a + gated_mod_lin(self.mlp.fc2, hidden, codes, gate, gelu=True)
