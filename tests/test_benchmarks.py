@@ -433,6 +433,19 @@ def test_revision_comparison_reports_both_models(capsys: pytest.CaptureFixture) 
     assert "working tree / revision:" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(not _git_has("HEAD"), reason="needs a git checkout")
+def test_process_comparison_runs_each_code_in_its_own_processes(capsys: pytest.CaptureFixture) -> None:
+    module = load_script(REPO / "benchmarks" / "compare_processes.py", "ni_compare_processes")
+    tiny = ["--override", "num_function_iterations=1", "--batch-size", "3", "--steps", "1", "--rounds", "1"]
+    results = module.main(["--revision", "HEAD", "--mode", "inference", *tiny])
+    assert list(results) == ["HEAD", "working tree"]
+    for runs in results.values():
+        (run,) = runs
+        assert run["step_s"] > 0 and run["faults"] >= 0 and run["max_rss_mib"] > 0
+    out = capsys.readouterr().out
+    assert "round 1 HEAD: inference step" in out and "working tree / HEAD:" in out
+
+
 @pytest.mark.skipif(not _git_has("79af920"), reason="needs the history back to 79af920")
 def test_keeping_h_a_removes_its_recomputation_from_the_training_flops() -> None:
     """Before 2026-11-25 (79af920) the bilinear form redid h A in the backward: one (B N x d) @ (d x U H d) GEMM per
