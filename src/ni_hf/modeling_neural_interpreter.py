@@ -178,10 +178,7 @@ def function_bmm(
         bias = None if bias is None else _repeat_functions(bias, split)
     if out is not None:
         out = out.view(a.shape[0], a.shape[1], b.shape[2])
-    if bias is None:
-        y = torch.bmm(a, b) if out is None else torch.bmm(a, b, out=out)
-    else:
-        y = torch.baddbmm(bias, a, b) if out is None else torch.baddbmm(bias, a, b, out=out)
+    y = torch.bmm(a, b, out=out) if bias is None else torch.baddbmm(bias, a, b, out=out)
     return y if split == 1 else y.view(-1, split * y.shape[1], y.shape[2])
 
 
