@@ -1296,9 +1296,8 @@ def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatc
     modeling_neural_interpreter.release_workspace()
     reused = run()
     assert modeling_neural_interpreter._WORKSPACE.buffers  # the buffers were used
-    monkeypatch.setattr(
-        modeling_neural_interpreter, "_cpu_float32", lambda *tensors: False
-    )  # no reuse at all
+    # No reuse at all: neither the workspace nor the pool of kept tensors.
+    monkeypatch.setattr(modeling_neural_interpreter, "_cpu_float32", lambda *tensors: False)
     fresh = run()
     for (logits, grads), (fresh_logits, fresh_grads) in zip(reused, fresh, strict=True):
         torch.testing.assert_close(logits, fresh_logits, atol=0, rtol=0)
@@ -1319,9 +1318,8 @@ def test_reused_cpu_buffers_give_the_inference_results_of_fresh_tensors(tester, 
     modeling_neural_interpreter.release_workspace()
     reused = run()
     assert {"LOC a", "LOC hidden", "LOC attention"} <= modeling_neural_interpreter._WORKSPACE.buffers.keys()
-    monkeypatch.setattr(
-        modeling_neural_interpreter, "_cpu_float32", lambda *tensors: False
-    )  # no reuse at all
+    # No reuse at all: neither the workspace nor the pool of kept tensors.
+    monkeypatch.setattr(modeling_neural_interpreter, "_cpu_float32", lambda *tensors: False)
     for logits, fresh in zip(reused, run(), strict=True):
         torch.testing.assert_close(logits, fresh, atol=0, rtol=0)
 
