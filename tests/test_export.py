@@ -1,4 +1,5 @@
-"""Export for deployment: `torch.export` and ONNX (dynamo exporter, run by onnxruntime) give the eager model's outputs."""
+"""Export for deployment: `torch.export`, ONNX (dynamo exporter, run by onnxruntime) and `torch.jit.trace` give the
+eager model's outputs."""
 
 from __future__ import annotations
 
@@ -130,3 +131,17 @@ def test_onnx_export_runs_in_onnxruntime_with_the_eager_outputs_at_any_batch_siz
         with torch.no_grad():
             expected = getattr(model(**inputs), output)
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["qk", "bilinear"])
+def test_torch_jit_trace_records_the_eager_formulation_and_gives_its_outputs(form):
+    """torch.jit.trace cannot record the custom autograd Functions of "sdpa" (it failed with `unordered_map::at`):
+    while tracing, a LOC runs the plain autograd ops of "eager", and the traced module computes the same logits
+    on inputs it was not traced with."""
+    model = _image_model(form)
+    example = _images(model.config, 4)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (example,), strict=False, check_trace=False)
+        for pixels in (example, _images(model.config, 4)):
+            expected = model(pixel_values=pixels).logits
+            torch.testing.assert_close(traced(pixels)["logits"], expected, rtol=1e-5, atol=1e-6)

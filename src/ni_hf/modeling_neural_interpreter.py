@@ -143,10 +143,10 @@ def _thread_split(a: torch.Tensor) -> int:
     torch's CPU bmm is MKL's sgemm_batch, which hands whole matrices to threads: U = 5 functions on 2 threads run as
     3 rounds, the last on one thread (161 against 193 GFLOP/s for the (5, 8576, 192) @ (5, 192, 192) products of the
     digits preset at batch 128; benchmarks/RESULTS.md). 1 where that cannot happen or splitting cannot help: on
-    accelerators, while compiling or exporting (one graph for every thread count), with one thread, when a's
+    accelerators, while compiling, exporting or tracing (one graph for every thread count), with one thread, when a's
     function batches are not one stride of its rows (expanded or transposed views), or when the rows do not divide.
     """
-    if a.device.type != "cpu" or torch.compiler.is_compiling():
+    if a.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return 1
     threads = torch.get_num_threads()
     num_functions, rows = a.shape[0], a.shape[1]
@@ -1596,8 +1596,14 @@ class LineOfCode(nn.Module):
         n = h.shape[-2]
         scale = 1.0 / math.sqrt(self.head_size)
 
-        implementation = attention_implementation(
-            self.config._attn_implementation, h.device, torch.compiler.is_compiling()
+        # torch.jit.trace cannot record custom autograd Functions: it gets the plain autograd ops of "eager".
+        tracing = torch.jit.is_tracing()
+        implementation = (
+            "eager"
+            if tracing
+            else attention_implementation(
+                self.config._attn_implementation, h.device, torch.compiler.is_compiling()
+            )
         )
         # The GPU experiments of the benchmark's models, switches of the "eager" formulation (see __init__).
         fused = implementation == "eager" and self.fused_attention
@@ -1630,7 +1636,11 @@ class LineOfCode(nn.Module):
         eps = self.config.attention_eps
         # Without hidden dropout, the gated products, Eq. 6's division, the MLP's LayerNorm and its GELU are formed
         # inside custom Functions that keep only their inputs for the backward (cheap elementwise work is redone).
-        lean = LEAN_CUSTOM_FUNCTIONS and not (self.training and self.config.hidden_dropout_prob > 0)
+        lean = (
+            LEAN_CUSTOM_FUNCTIONS
+            and not tracing
+            and not (self.training and self.config.hidden_dropout_prob > 0)
+        )
         columns = lean and implementation != "eager"  # the attention hands over A @ [C v, C], not Eq. 6
         if (
             implementation == "sdpa"
