@@ -1212,13 +1212,19 @@ def _transient_gelu(name: str, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.gelu.out(x, out=_WORKSPACE.get(name, x.shape, x))
 
 
-def _transient_linear(name: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) without bias, for a result that dies before the next call with the same name."""
+def _transient_linear(
+    name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, weight, bias), for a result that dies before the next call with the same name."""
     if not _reuses_workspace(x, weight):
-        return F.linear(x, weight)
+        return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     out = _WORKSPACE.get(name, (flat.shape[0], weight.shape[0]), x)
-    return torch.mm(flat, weight.t(), out=out).view(*x.shape[:-1], weight.shape[0])
+    if bias is None:
+        out = torch.mm(flat, weight.t(), out=out)
+    else:
+        out = torch.addmm(bias, flat, weight.t(), out=out)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 class _BilinearAttention(torch.autograd.Function):
@@ -1324,15 +1330,8 @@ def _bilinear_values(
 
     The values die inside the calling Function (`_BilinearAttention` keeps h, not v): a `_Workspace` buffer.
     """
-    b, n, d = hidden.shape
-    out = _transient_stream("y", (b * n, weight.shape[0]), hidden, weight)
-    if out is None:
-        value = F.linear(hidden, weight, bias)
-    elif bias is None:
-        value = torch.mm(hidden.reshape(b * n, d), weight.t(), out=out)
-    else:
-        value = torch.addmm(bias, hidden.reshape(b * n, d), weight.t(), out=out)
-    return value.view(b, n, u, h, -1).permute(0, 2, 3, 1, 4)
+    b, n, _ = hidden.shape
+    return _transient_linear("y", hidden, weight, bias).view(b, n, u, h, -1).permute(0, 2, 3, 1, 4)
 
 
 def _bilinear_probs(
