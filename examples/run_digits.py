@@ -83,7 +83,7 @@ from ni_hf.digits_data import (
     load_digits_tasks,
     resolve_dataset_source,
 )
-from ni_hf.evaluation import load_multitask_accuracy
+from ni_hf.evaluation import CopiedPredictionsMixin, load_multitask_accuracy
 from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware, mixed_precision
 from ni_hf.paths import check_model_path
@@ -695,8 +695,9 @@ def make_compute_metrics(metric: Any, task_names: list[str], model_task_ids: lis
     return compute_metrics
 
 
-class DigitsTrainer(Trainer):
-    """Trainer that applies a batched augmentation to the training inputs, on the training device."""
+class DigitsTrainer(CopiedPredictionsMixin, Trainer):
+    """Trainer that applies a batched augmentation to the training inputs, on the training device (and whose
+    predictions survive a CUDA-graphed model)."""
 
     def __init__(self, *args: Any, augmentation: torch.nn.Module | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

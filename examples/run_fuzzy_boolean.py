@@ -88,7 +88,7 @@ from ni_hf.data_transfer import (
     batch_transfer_note,
     compile_for_static_batches,
 )
-from ni_hf.evaluation import routing_density
+from ni_hf.evaluation import CopiedPredictionsMixin, routing_density
 from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
 from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware, mixed_precision
@@ -730,7 +730,11 @@ def describe_length(num_examples: int, batch_size: int, epochs: float, max_steps
     return f"{epochs:g} epochs ({math.ceil(epochs * math.ceil(num_examples / batch_size))} steps)"
 
 
-class SetRegressionTrainer(Trainer):
+class FuzzyBooleanTrainer(CopiedPredictionsMixin, Trainer):
+    """Trainer whose predictions survive a CUDA-graphed model (the GPU runs' default, dynamo's cudagraphs backend)."""
+
+
+class SetRegressionTrainer(FuzzyBooleanTrainer):
     """MSE on the last ``labels.shape[1]`` tasks (earlier CLS tokens are context); in training, optionally on one
     task per sample, drawn uniformly (``one_task_per_sample``)."""
 
@@ -791,7 +795,7 @@ def make_trainer(
     if new_tasks_only or one_task_per_sample:
         trainer_cls = functools.partial(SetRegressionTrainer, one_task_per_sample=one_task_per_sample)
     else:
-        trainer_cls = Trainer
+        trainer_cls = FuzzyBooleanTrainer
     trainer = trainer_cls(
         model=model,
         args=args,

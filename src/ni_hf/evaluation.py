@@ -29,6 +29,28 @@ METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 MULTITASK_ACCURACY_DIR = METRICS_DIR / "multitask_accuracy"
 
 
+class CopiedPredictionsMixin:
+    """Trainer mixin: ``prediction_step`` returns copies of the model's loss and logits.
+
+    Trainer's evaluation loop keeps each batch's logits until it concatenates them with the next batch's. A model
+    run through CUDA graphs (``torch_compile_mode="reduce-overhead"``, dynamo's "cudagraphs" backend) returns its
+    outputs in static buffers that its next call overwrites: kept as they are, the first batch's logits would be
+    lost (torch raises "accessing tensor output of CUDAGraphs that has been overwritten"). Put it before ``Trainer``
+    in the bases: ``class MyTrainer(CopiedPredictionsMixin, Trainer)``.
+    """
+
+    def prediction_step(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+        loss, logits, labels = super().prediction_step(*args, **kwargs)  # type: ignore[misc]
+        return _copy_tensors(loss), _copy_tensors(logits), labels
+
+
+def _copy_tensors(value: Any) -> Any:
+    """``value`` with every tensor in it (nested tuples, lists, dicts) replaced by a copy."""
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, torch.clone, value)
+
+
 def multitask_accuracy_path() -> str:
     """Return the folder of the bundled multi-task accuracy metric script."""
     return str(MULTITASK_ACCURACY_DIR)
