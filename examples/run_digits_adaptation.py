@@ -68,12 +68,17 @@ from ni_hf.digits_data import (
     load_task_split,
     resolve_dataset_source,
 )
-from ni_hf.evaluation import compute_multitask_accuracy
+from ni_hf.evaluation import CopiedPredictionsMixin, compute_multitask_accuracy
 from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.model_card import mixed_precision
 from ni_hf.paths import check_model_path
 
 logger = logging.getLogger(__name__)
+
+
+class AdaptationTrainer(CopiedPredictionsMixin, Trainer):
+    """Trainer whose evaluation keeps every batch's logits when the model runs through CUDA graphs."""
+
 
 STUDIES = ("fast_adaptation", "reinitialized_functions", "capacity_extension", "dropped_functions")
 # The studies that act on a Neural Interpreter's functions; a multi-task ViT has none.
@@ -390,7 +395,7 @@ def finetune(
         seed=seed,
         data_seed=seed,
     )
-    trainer = Trainer(
+    trainer = AdaptationTrainer(
         model=model,
         args=args,
         train_dataset=train,
