@@ -11,15 +11,14 @@
 # the two-rate reading of the paper's table; no collapse on CPU). Each run writes
 # OUT_DIR/<run>/fuzzy_boolean_results.{md,json} and OUT_DIR/<run>.log; the tables go to OUT_DIR/results.md.
 # Several processes share the GPU because one of these small steps (25 tokens of width 128) cannot fill it.
-# With CUDA, every run is compiled with dynamo's CUDA-graphs backend (no inductor): on one H200 (2026-11-27) a
-# pre-training step took 12.2 ms in the Trainer (72 steps/s over 4,096 steps, compile included) against 42.7 ms
-# eager, so the 20,480 steps take about 4-5 min; the losses followed an eager CPU run of the same seed
-# (benchmarks/RESULTS.md).
+# With CUDA, every run is compiled with dynamo's CUDA-graphs backend (no inductor): on one H200 (2026-11-28,
+# SEEDS=0) the pre-training took 3 min 4 s (8.2 ms a Trainer step; 42.7 ms eager on 2026-11-27) and the six
+# adaptations side by side 50-78 s each (examples/fuzzy_boolean_records.md, "The full protocol on one GPU").
 # FUZZY_ARGS replaces those options (FUZZY_ARGS="" runs eagerly) and can add others.
 # PRETRAIN_LIMIT and ADAPT_LIMIT (seconds, default 330 and 200) bound the two stages, so that one call fits the
 # device tool's 600 s; a stopped pre-training keeps its checkpoints (every 1,024 steps), and running the script
-# again with the same OUT_DIR continues from them (and skips a finished one). It needs torch with CUDA and transformers 5.x (the CPU runs of
-# examples/README.md used 5.24); on the lent machine: `bash examples/gpu_fuzzy_boolean.sh $OUT/fb full`.
+# again with the same OUT_DIR continues from them (and skips a finished one). It needs torch with CUDA and
+# transformers 5.x (the CPU runs of examples/README.md used 5.24).
 set -u
 out=${1:?usage: gpu_fuzzy_boolean.sh OUT_DIR [full|reduced|quick]}
 protocol=${2:-full}
