@@ -39,7 +39,11 @@ def _predict(trainer_cls: type[Trainer], tmp_path) -> tuple[np.ndarray, np.ndarr
     inputs = torch.arange(18, dtype=torch.float32).reshape(6, 3)
     dataset = [{"inputs": row, "labels": row} for row in inputs]
     args = TrainingArguments(
-        output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to="none", use_cpu=True, disable_tqdm=True
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=2,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
     )
     output = trainer_cls(model=StaticOutputModel(), args=args).predict(dataset)
     return output.predictions, (2 * inputs).numpy()
