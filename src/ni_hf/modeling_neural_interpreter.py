@@ -1356,10 +1356,8 @@ def _bilinear_probs(
         return logits.permute(0, 2, 3, 4, 1)
     logits = _transient_bmm("logits", mixed.reshape(b, -1, d), hidden.to(mixed.dtype).transpose(1, 2))
     logits = logits.view(b, n, u, h, n)
-    if position_bias is not None:
+    if position_bias is not None:  # off CPU or while compiling: no workspace buffers here
         logits += position_bias.permute(2, 0, 1, 3).to(logits.dtype)
-    if _reuses_workspace(logits):  # the logits are a workspace buffer: softmax in place
-        return torch.ops.aten._softmax.out(logits, -1, False, out=logits)
     return torch.softmax(logits, dim=-1)
 
 
