@@ -830,10 +830,11 @@ def test_gated_mod_lin_sum_has_exact_gradients(with_bias):
 
 @pytest.mark.parametrize("hidden_size,head_size", [(16, 4), (8, 8)])  # the q/k path and the bilinear form
 def test_lean_training_keeps_neither_eq6_output_nor_the_streams(tester, hidden_size, head_size):
-    """Per LOC, the backward keeps at most three (U, B, N, d)-sized tensors: v, a and the MLP's hidden layer.
+    """Per LOC, the backward keeps three (U, B, N, d)-sized tensors: v, a and the MLP's hidden layer.
 
     Eq. 6's normalised output is redone from the attention's columns and the streams are never formed, so
-    neither is kept (before: five, with the merged heads and the streams); the bilinear form redoes v as well.
+    neither is kept (before: five, with the merged heads and the streams). The bilinear form keeps v too (it
+    redid v until 2026-11-28).
     """
     config = tester.get_config(
         hidden_size=hidden_size,
@@ -853,8 +854,8 @@ def test_lean_training_keeps_neither_eq6_output_nor_the_streams(tester, hidden_s
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model(**inputs).loss  # what the forward keeps; the backward's recomputations are transient
-    bilinear = bilinear_attention_pays(hidden_size, head_size, n, b)
-    assert list(kept.values()).count(u * b * n * d) == (2 if bilinear else 3)
+    assert bilinear_attention_pays(hidden_size, head_size, n, b) == (head_size == 8)  # both paths covered
+    assert list(kept.values()).count(u * b * n * d) == 3
     loss.backward()
 
 

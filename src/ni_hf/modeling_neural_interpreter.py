@@ -292,7 +292,10 @@ def _gated_mod_lin_backward(
     grad_w = function_bmm(grad, weight, out=_transient_stream("g W", (u, b * n, in_features), grad, weight))
     grad_gate = _transient_mul("product", grad_w, flat_x).sum(-1, keepdim=True, dtype=torch.float32)
     if bias is not None:
-        grad_gate = grad_gate + (grad.float() @ bias.float()).unsqueeze(-1)
+        if transient:  # one pass on both threads; MKL's sgemv for this (U B N, out) @ (out,) ran on one
+            grad_gate = grad_gate + _transient_mul("product", grad, bias).sum(-1, keepdim=True)
+        else:
+            grad_gate = grad_gate + (grad.float() @ bias.float()).unsqueeze(-1)
     grad_gate = grad_gate.view_as(gate).to(gate.dtype)
     grad_x = None
     if needs_grad_x:
@@ -1174,12 +1177,16 @@ def _transient_copy(name: str, x: torch.Tensor) -> torch.Tensor:
     return _WORKSPACE.get(name, x.shape, x).copy_(x)
 
 
-def _kept_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) without bias, for a result a custom Function keeps for its backward (`_KeptBuffers`)."""
+def _kept_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), for a result a custom Function keeps for its backward (`_KeptBuffers`)."""
     if not _reuses_workspace(x, weight):
-        return F.linear(x, weight)
+        return F.linear(x, weight, bias)
     out = _KEPT.take((*x.shape[:-1], weight.shape[0]), x)
-    torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out=out.view(-1, weight.shape[0]))
+    flat_out, flat_x = out.view(-1, weight.shape[0]), x.reshape(-1, x.shape[-1])
+    if bias is None:
+        torch.mm(flat_x, weight.t(), out=flat_out)
+    else:
+        torch.addmm(bias, flat_x, weight.t(), out=flat_out)
     return out
 
 
@@ -1235,11 +1242,10 @@ class _BilinearAttention(torch.autograd.Function):
     (`bilinear` is [A_uh^T], a (U * H * d, d) Linear weight), then one batched matmul per sample against the
     shared h. That replaces the q and k projections and U * H small (N x d_h) @ (d_h x N) products, and costs
     fewer FLOPs when d is below about 2 d_h (the digits preset: 192 < 256; `bilinear_attention_pays` decides).
-    Keeps h, h A, the N x N weights (softmax) and the output. The backward redoes the values (`value_weight`
-    (U * H * dv, d), `value_bias` (U * H * dv,) or None) from h, a GEMM a quarter the size of h A's (dv = d / H),
-    rather than keep them. h A it keeps: redoing it was a tenth of the arithmetic of a training step of the
-    digits preset (0.79 of 6.94 GFLOP per image; benchmarks/RESULTS.md, 2026-11-25). On CPU, h A and the weights
-    live in pooled buffers (`_KeptBuffers`) that the next step reuses.
+    Keeps h, h A, the values v = h W_v^T + b_v (`value_weight` (U * H * dv, d), `value_bias` (U * H * dv,) or
+    None), the N x N weights (softmax) and the output. Redoing h A was a tenth of the arithmetic of a training
+    step of the digits preset (0.79 of 6.94 GFLOP per image; benchmarks/RESULTS.md, 2026-11-25), redoing v 2% of
+    its time (2026-11-28). On CPU they live in pooled buffers (`_KeptBuffers`) that the next step reuses.
     """
 
     @staticmethod
@@ -1258,7 +1264,7 @@ class _BilinearAttention(torch.autograd.Function):
         probs = _bilinear_probs(mixed, hidden, position_bias, num_functions, num_heads)  # (B, N, U, H, N)
         probs = probs.permute(0, 2, 3, 1, 4)  # (B, U, H, N, N)
         probs = _kept_copy(probs) if keep else _transient_copy("probs", probs)
-        value = _bilinear_values(hidden, value_weight, value_bias, num_functions, num_heads)
+        value = _bilinear_values(hidden, value_weight, value_bias, num_functions, num_heads, keep)
         columns = _compatibility_columns(value, c_key, transient=True)
         if keep and _reuses_workspace(probs, columns):
             # The output is kept too (here and by `_AttentionOutput`): a pooled buffer, saved as an alias.
@@ -1270,20 +1276,19 @@ class _BilinearAttention(torch.autograd.Function):
         else:
             out = saved_out = probs @ columns
         ctx.save_for_backward(
-            hidden, bilinear, value_weight, value_bias, c_key, position_bias, saved_out, probs, mixed
+            hidden, bilinear, value_weight, value_bias, c_key, position_bias, saved_out, probs, mixed, value
         )
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         _refuse_double_backward()
-        hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs, mixed = (
+        hidden, bilinear, value_weight, value_bias, c_key, position_bias, out, probs, mixed, value = (
             ctx.saved_tensors
         )
         b, n, d = hidden.shape
         u, h = c_key.shape[1], ctx.num_heads
         with ctx.autocast():
-            value = _bilinear_values(hidden, value_weight, value_bias, u, h)
             grad_columns, grad_logits = _attention_weights_backward(probs, grad_out, out, value, c_key)
             del probs
             grad_bias = None
@@ -1324,14 +1329,15 @@ class _BilinearAttention(torch.autograd.Function):
 
 
 def _bilinear_values(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, u: int, h: int
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, u: int, h: int, keep: bool = False
 ) -> torch.Tensor:
     """v = h W_v,u^T + b_v,u (B, U, H, N, dv) for all functions in one GEMM: a view of (B, N, U, H, dv).
 
-    The values die inside the calling Function (`_BilinearAttention` keeps h, not v): a `_Workspace` buffer.
+    keep: `_BilinearAttention` keeps v for its backward (`_KeptBuffers`); else v dies inside the call (`_Workspace`).
     """
     b, n, _ = hidden.shape
-    return _transient_linear("y", hidden, weight, bias).view(b, n, u, h, -1).permute(0, 2, 3, 1, 4)
+    value = _kept_linear(hidden, weight, bias) if keep else _transient_linear("y", hidden, weight, bias)
+    return value.view(b, n, u, h, -1).permute(0, 2, 3, 1, 4)
 
 
 def _bilinear_probs(
