@@ -1280,8 +1280,14 @@ def _bilinear_model_and_batches(tester, sizes):
 def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatch, checkpointing):
     """The custom Functions write their transients into reused buffers (the bilinear form's, the gated ModLins'
     backwards): batches of other sizes, one after another, with or without activation checkpointing (which redoes
-    forwards inside the backward), match fresh tensors. Two roles sharing a buffer would make them differ."""
+    forwards inside the backward), match fresh tensors. Two roles sharing a buffer would make them differ. The
+    LOCs' biases are drawn away from their zero init, so that the gated ModLins' g . b in dL/dC (a product and a
+    sum on the reused buffers, a matrix-vector product without them) counts."""
     model, batches = _bilinear_model_and_batches(tester, (3, 2, 3))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".locs." in name and name.endswith("bias"):
+                parameter.normal_(std=0.5)
     if checkpointing:
         enable_activation_checkpointing(model)
 
@@ -1297,6 +1303,8 @@ def test_reused_cpu_buffers_give_the_results_of_fresh_tensors(tester, monkeypatc
     modeling_neural_interpreter.release_workspace()
     reused = run()
     assert modeling_neural_interpreter._WORKSPACE.buffers  # the buffers were used
+    # dL/dC reaches type inference (not every pair truncated), so the gated backwards' dL/dC is compared too.
+    assert model.neural_interpreter.scripts[0].type_inference.layers[-1].weight.grad.abs().max() > 1e-3
     # No reuse at all: neither the workspace nor the pool of kept tensors.
     monkeypatch.setattr(modeling_neural_interpreter, "_cpu_float32", lambda *tensors: False)
     fresh = run()
