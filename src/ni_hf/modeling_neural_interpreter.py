@@ -1182,12 +1182,17 @@ def _kept_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if not _reuses_workspace(x, weight):
         return F.linear(x, weight, bias)
     out = _KEPT.take((*x.shape[:-1], weight.shape[0]), x)
-    flat_out, flat_x = out.view(-1, weight.shape[0]), x.reshape(-1, x.shape[-1])
-    if bias is None:
-        torch.mm(flat_x, weight.t(), out=flat_out)
-    else:
-        torch.addmm(bias, flat_x, weight.t(), out=flat_out)
+    _linear_into(x.reshape(-1, x.shape[-1]), weight, bias, out.view(-1, weight.shape[0]))
     return out
+
+
+def _linear_into(
+    flat_x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+) -> torch.Tensor:
+    """flat_x (M, in) @ weight^T (+ bias) written into the contiguous (M, out) tensor `out`."""
+    if bias is None:
+        return torch.mm(flat_x, weight.t(), out=out)
+    return torch.addmm(bias, flat_x, weight.t(), out=out)
 
 
 def _kept_copy(x: torch.Tensor) -> torch.Tensor:
@@ -1226,11 +1231,7 @@ def _transient_linear(
     if not _reuses_workspace(x, weight):
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
-    out = _WORKSPACE.get(name, (flat.shape[0], weight.shape[0]), x)
-    if bias is None:
-        out = torch.mm(flat, weight.t(), out=out)
-    else:
-        out = torch.addmm(bias, flat, weight.t(), out=out)
+    out = _linear_into(flat, weight, bias, _WORKSPACE.get(name, (flat.shape[0], weight.shape[0]), x))
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
