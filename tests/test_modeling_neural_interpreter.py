@@ -828,6 +828,23 @@ def test_gated_mod_lin_sum_has_exact_gradients(with_bias):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.double])
+def test_gated_mod_lin_sum_backward_keeps_the_shared_gradient_expanded(dtype):
+    """dL/dy of sum_u C_u y_u is one (B, N, d) for all functions: outside the reused float32 CPU buffers (GPUs,
+    compiled graphs, other dtypes) the backward reads it as an expanded view. A (U, B, N, d) copy of it moved 0.41 GB
+    more per compiled training step of the digits preset (benchmarks/memory_traffic.py, 2026-11-29)."""
+    torch.manual_seed(0)
+    u, b, n, d = 3, 2, 4, 5
+    a, x = (torch.randn(u, b, n, d, dtype=dtype, requires_grad=True) for _ in range(2))
+    weight = torch.randn(u, d, d, dtype=dtype, requires_grad=True)
+    gate = torch.rand(u, b, n, 1, dtype=dtype, requires_grad=True)
+    out = _GatedModLinSum.apply(a, x, weight, None, gate)
+    with _CloneShapes() as clones:
+        out.backward(torch.randn_like(out))
+    assert (u, b, n, d) not in clones.shapes, clones.shapes
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (a, x, weight, gate))
+
+
 @pytest.mark.parametrize("hidden_size,head_size", [(16, 4), (8, 8)])  # the q/k path and the bilinear form
 def test_lean_training_keeps_neither_eq6_output_nor_the_streams(tester, hidden_size, head_size):
     """Per LOC, the backward keeps three (U, B, N, d)-sized tensors: v, a and the MLP's hidden layer.
