@@ -832,7 +832,7 @@ def test_gated_mod_lin_sum_has_exact_gradients(with_bias):
 def test_gated_mod_lin_sum_backward_keeps_the_shared_gradient_expanded(dtype):
     """dL/dy of sum_u C_u y_u is one (B, N, d) for all functions: outside the reused float32 CPU buffers (GPUs,
     compiled graphs, other dtypes) the backward reads it as an expanded view. A (U, B, N, d) copy of it moved 0.41 GB
-    more per compiled training step of the digits preset (benchmarks/memory_traffic.py, 2026-11-29)."""
+    more per compiled training step of the digits preset (benchmarks/memory_traffic.py, 2026-11-28)."""
     torch.manual_seed(0)
     u, b, n, d = 3, 2, 4, 5
     a, x = (torch.randn(u, b, n, d, dtype=dtype, requires_grad=True) for _ in range(2))
