@@ -961,10 +961,14 @@ def test_each_loc_runs_the_attention_that_attention_implementation_picks(tester,
     monkeypatch.setitem(
         modeling.ATTENTION_FUNCTIONS, "eager", lambda *a, **k: called.append(1) or eager(*a, **k)
     )
+    loc_calls = []
+    for module in model.modules():
+        if isinstance(module, modeling.LineOfCode):
+            module.register_forward_hook(lambda *_: loc_calls.append(1))
     with torch.no_grad():
         logits = model(**inputs).logits
     assert asked and set(asked) == {("sdpa", "cpu", False)}
-    assert len(called) == len(asked)  # every LOC ran the picked (eager) attention
+    assert loc_calls and len(called) == len(loc_calls)  # every LOC ran the picked (eager) attention
     torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-4)  # the same function
 
 
@@ -1267,18 +1271,57 @@ def test_set_regression_gradients_reach_every_parameter(tester):
     assert model.get_input_embeddings() is model.input_projection
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("bilinear", [False, True])
-def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear):
+def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear, reentrant):
     config = tester.get_config(**({"hidden_size": 8, "attention_head_size": 8} if bilinear else {}))
     model = NeuralInterpreterForImageClassification(config).train()
     inputs = tester.prepare_inputs(config)
     model(**inputs).loss.backward()
     reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    enable_activation_checkpointing(model)
+    enable_activation_checkpointing(model, {"use_reentrant": reentrant})
     model(**inputs).loss.backward()
     for n, g in reference.items():
         torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bilinear", [False, True])
+def test_code_modulations_are_formed_once_per_forward_not_per_function_iteration(
+    tester, monkeypatch, bilinear
+):
+    """W diag(LayerNorm(W_c c_u)) of every ModLin, and A_uh of the bilinear form, are the same in every function
+    iteration: formed once per forward (one per ModLin, one A per script's first LOC), however many iterations
+    run. The same model with every LOC call forming its own gives the same loss and gradients."""
+    import ni_hf.modeling_neural_interpreter as modeling
+
+    overrides = {"hidden_size": 8, "attention_head_size": 8} if bilinear else {}
+    config = tester.get_config(num_function_iterations=[3, 2], **overrides)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    inputs = tester.prepare_inputs(config)
+    modulations = _record_calls(monkeypatch, modeling.ModLin, "function_weights", lambda module: id(module))
+    formed = _record_calls(monkeypatch, modeling, "bilinear_weight")
+    loss = model(**inputs).loss
+    modlins = [id(m) for m in model.modules() if isinstance(m, modeling.ModLin)]
+    assert sorted(modulations) == sorted(modlins)  # each ModLin once
+    assert len(formed) == (config.num_scripts if bilinear else 0)
+    grads = torch.autograd.grad(loss, params)
+
+    # Every LOC call forms its own weights (what the LOCs did before 2026-11-29).
+    monkeypatch.setattr(
+        modeling.NeuralInterpreterScript, "function_weights", lambda self, h: (None,) * len(self.locs)
+    )
+    modulations.clear()
+    formed.clear()
+    reference = model(**inputs).loss
+    loc_calls = sum(config.iterations_per_script) * config.num_loc_layers
+    assert len(modulations) == loc_calls * len(modlins) // (config.num_scripts * config.num_loc_layers)
+    assert len(formed) == (sum(config.iterations_per_script) if bilinear else 0)
+    torch.testing.assert_close(loss, reference, atol=0, rtol=0)
+    for got, want in zip(grads, torch.autograd.grad(reference, params), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
 def _bilinear_model_and_batches(tester, sizes):

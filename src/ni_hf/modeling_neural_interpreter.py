@@ -316,10 +316,13 @@ def _gated_mod_lin_backward(
 
 
 def gated_mod_lin(
-    projection: ModLin, x: torch.Tensor, codes: torch.Tensor, gate: torch.Tensor, gelu: bool = False
+    projection: ModLin, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, gelu: bool = False
 ) -> torch.Tensor:
-    """gate (U, B, N, 1) * ModLin(GELU(x) if gelu else x; c_u) -> (U, B, N, out), through `_GatedModLin`."""
-    return _GatedModLin.apply(x, projection.function_weights(codes), projection.bias, gate, gelu)
+    """gate (U, B, N, 1) * ModLin(GELU(x) if gelu else x; c_u) -> (U, B, N, out), through `_GatedModLin`.
+
+    weight: the layer's `function_weights` (U, out, in), computed once per forward.
+    """
+    return _GatedModLin.apply(x, weight, projection.bias, gate, gelu)
 
 
 def _merge_heads(attended: torch.Tensor) -> torch.Tensor:
@@ -433,16 +436,16 @@ def attention_output(
     columns: torch.Tensor,
     compatibilities: torch.Tensor,
     eps: float,
-    codes: torch.Tensor,
+    weight: torch.Tensor,
     gate: torch.Tensor,
     output: str | None = None,
 ) -> torch.Tensor:
     """x + gate * ModLin(Eq. 6; c_u) (U, B, N, out) from the attention's columns A @ [C_uj v_j, C_uj] (B, U, H, N, dv + 1).
 
-    output: for a caller that uses the result only until its next call, a buffer name (see `_output_buffer`).
+    weight: the ModLin's `function_weights` (U, out, in). output: for a caller that uses the result only until its
+    next call, a buffer name (see `_output_buffer`).
     """
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
-    weight = projection.function_weights(codes)
     output = _output_buffer(output, x, columns, weight)
     return _AttentionOutput.apply(x, columns, c_key, eps, weight, projection.bias, gate, output)
 
@@ -486,10 +489,13 @@ class _GatedModLinSum(torch.autograd.Function):
 
 
 def gated_mod_lin_sum(
-    projection: ModLin, a: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, gate: torch.Tensor
+    projection: ModLin, a: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor
 ) -> torch.Tensor:
-    """sum_u gate_u * (a_u + gate_u * ModLin(GELU(x_u); c_u)) -> (B, N, out), through `_GatedModLinSum`."""
-    return _GatedModLinSum.apply(a, x, projection.function_weights(codes), projection.bias, gate)
+    """sum_u gate_u * (a_u + gate_u * ModLin(GELU(x_u); c_u)) -> (B, N, out), through `_GatedModLinSum`.
+
+    weight: the layer's `function_weights` (U, out, in).
+    """
+    return _GatedModLinSum.apply(a, x, weight, projection.bias, gate)
 
 
 def _layer_norm_input(x: torch.Tensor, norm_weight: torch.Tensor | None) -> torch.Tensor:
@@ -556,14 +562,14 @@ def norm_mod_lin(
     norm: nn.LayerNorm,
     projection: ModLin,
     x: torch.Tensor,
-    codes: torch.Tensor,
+    weight: torch.Tensor,
     output: str | None = None,
 ) -> torch.Tensor:
     """ModLin(LayerNorm(x (U, B, N, in)); c_u) -> (U, B, N, out), through `_NormModLin`.
 
-    output: for a caller that uses the result only until its next call, a buffer name (see `_output_buffer`).
+    weight: the ModLin's `function_weights` (U, out, in). output: for a caller that uses the result only until its
+    next call, a buffer name (see `_output_buffer`).
     """
-    weight = projection.function_weights(codes)
     output = _output_buffer(output, x, weight)
     return _NormModLin.apply(x, norm.weight, norm.bias, norm.eps, weight, projection.bias, output)
 
@@ -741,6 +747,15 @@ def _modulated_attention_columns_from_logits(
     return _normalise_columns((probs @ F.pad(columns, (0, pad)))[..., :width], c_key, eps)
 
 
+def bilinear_weight(query_weight: torch.Tensor, key_weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[A_uh^T] = [W_k,uh^T W_q,uh] (U * H * d, d), rows (u, h, e): (h A_uh)_e = sum_k W_k,uh[k, e] q_k, so
+    (h_i A_uh) . h_j = q_i . k_j. query_weight, key_weight: (U, H * d_h, d) modulated weights."""
+    u, hd, d = query_weight.shape
+    wq = query_weight.view(u, num_heads, hd // num_heads, d)
+    wk = key_weight.view(u, num_heads, hd // num_heads, d)
+    return (wk.transpose(-1, -2) @ wq).reshape(-1, d)
+
+
 def modulated_attention_eager_bilinear(
     hidden: torch.Tensor,
     query_weight: torch.Tensor,
@@ -753,6 +768,7 @@ def modulated_attention_eager_bilinear(
     dropout: float,
     columns: bool = False,
     column_alignment: int = 1,
+    bilinear: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`modulated_attention_eager` with the logits of Eq. 6 in the bilinear form q_i.k_j = (h_i A_uh) . h_j.
 
@@ -764,15 +780,14 @@ def modulated_attention_eager_bilinear(
     (U, H, N, N) or None; columns: the rest of Eq. 6 as `modulated_attention_columns` computes it (with
     ``column_alignment``). hidden and value may hold more tokens than the compatibilities, padded
     (`LineOfCode.token_alignment`): those get C = 0 and a logit of -inf as keys, and their output rows are dropped, as
-    in `modulated_attention_aligned`.
+    in `modulated_attention_aligned`. bilinear: `bilinear_weight(query_weight, key_weight, H)` if already formed
+    (once per forward, `LineOfCode.function_weights`).
     """
     b, u, h, n, _ = value.shape
     d = hidden.shape[-1]
     tokens = compatibilities.shape[-1]
-    wq = query_weight.view(u, h, -1, d)
-    wk = key_weight.view(u, h, -1, d)
-    # rows (u, h, e) of [A_uh^T]: (h A_uh)_e = sum_k W_k,uh[k, e] q_k, so (h_i A_uh) . h_j = q_i . k_j
-    bilinear = (wk.transpose(-1, -2) @ wq).reshape(-1, d)
+    if bilinear is None:
+        bilinear = bilinear_weight(query_weight, key_weight, h)
     mixed = F.linear(hidden, bilinear)  # (B, N, U * H * d)
     logits = mixed.view(b, -1, d) @ hidden.to(mixed.dtype).transpose(1, 2)  # (B, N * U * H, N)
     logits = logits.view(b, n, u, h, n).permute(0, 2, 3, 1, 4)
@@ -1071,13 +1086,17 @@ class _KeptBuffers:
 _KEPT = _KeptBuffers()
 
 
-def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+def enable_activation_checkpointing(model: PreTrainedModel, checkpoint_kwargs: dict | None = None) -> None:
     """Turn on transformers' activation checkpointing under either name of its method.
 
     `activation_checkpointing_enable` since transformers 5.23 (where `gradient_checkpointing_enable` warns that it is
     deprecated); the older releases that `pyproject.toml` accepts have only `gradient_checkpointing_enable`.
+    checkpoint_kwargs: passed on to `torch.utils.checkpoint.checkpoint` (e.g. ``{"use_reentrant": True}``).
     """
-    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
 
 
 def set_token_alignment(model: nn.Module, alignment: int) -> None:
@@ -1382,6 +1401,7 @@ def modulated_attention_bilinear(
     eps: float,
     normalise: bool = True,
     output: str | None = None,
+    bilinear: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eq. 6 exactly, as `modulated_attention_matmul` with q, k, v = h W_{q,k,v},u^T (+ b_v), in the bilinear form.
 
@@ -1389,13 +1409,13 @@ def modulated_attention_bilinear(
     (U, H * dv, d) are the functions' modulated weights (the softmax scale folded into the query's), value_bias
     (U, H * dv) or None; compatibilities (U, B, N); position_bias (U, H, N, N) already scaled, or None. No
     dropout: see `_BilinearAttention`. output: for a caller done with the result before its next call with this
-    name, a `_Workspace` buffer name for the columns without `normalise` (used where grad mode is off).
+    name, a `_Workspace` buffer name for the columns without `normalise` (used where grad mode is off). bilinear:
+    `bilinear_weight(query_weight, key_weight, num_heads)` if already formed (once per forward).
     """
-    u, hd, d = query_weight.shape
-    wq = query_weight.view(u, num_heads, hd // num_heads, d)
-    wk = key_weight.view(u, num_heads, hd // num_heads, d)
+    d = query_weight.shape[-1]
     # [A_uh^T] = [W_k,uh^T W_q,uh] as one (U * H * d, d) Linear weight: that layout runs the h A GEMM fastest.
-    bilinear = (wk.transpose(-1, -2) @ wq).reshape(-1, d)
+    if bilinear is None:
+        bilinear = bilinear_weight(query_weight, key_weight, num_heads)
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
     value_weight = value_weight.reshape(-1, d)
     value_bias = None if value_bias is None else value_bias.reshape(-1)
@@ -1427,9 +1447,11 @@ def bilinear_attention_pays(
     """Whether the bilinear form pays per (function, head): w B (2 N d d_h + N^2 d_h - N d^2 - N^2 d) > d^2 d_h.
 
     The left side is what it saves per sample in FLOPs (weighted by `BILINEAR_SAVING_WEIGHT`), the right what
-    forming A_uh costs once per call whatever the batch: at the digits preset's sizes that outweighs the saving
-    at batch 1 and 2 (batch 1, as under `pipeline`, ran 3.5 GFLOP per image instead of 2.2). Without
-    `batch_size` only the per-sample costs are compared (a large batch).
+    forming A_uh costs whatever the batch: at the digits preset's sizes that outweighed the saving at batch 1 and 2
+    when A_uh was formed in every function iteration (batch 1, as under `pipeline`, ran 3.5 GFLOP per image
+    instead of 2.2). It is formed once per forward now (`LineOfCode.function_weights`), and the rule still weighs
+    one iteration's saving against one forming: it may keep q and k where the bilinear form would now pay (not
+    measured). Without `batch_size` only the per-sample costs are compared (a large batch).
     """
     n, d = num_tokens, hidden_size
     per_sample_saving = 2 * n * d * head_size + n * n * head_size - (n * d * d + n * n * d)
@@ -1599,6 +1621,53 @@ class LineOfCode(nn.Module):
         # neither fused attention nor attention dropout is on; an experiment for compiled GPU training.
         self.columns_attention = False
 
+    def _implementation(self, device: torch.device) -> str:
+        """The attention path this LOC runs (see `attention_implementation`)."""
+        # torch.jit.trace cannot record custom autograd Functions: it gets the plain autograd ops of "eager".
+        if torch.jit.is_tracing():
+            return "eager"
+        return attention_implementation(
+            self.config._attn_implementation, device, torch.compiler.is_compiling()
+        )
+
+    def _bilinear_form(self, x: torch.Tensor, implementation: str | None = None) -> str | None:
+        """Where every function reads the same x (B, N, d), the formulation that forms the logits as (h A_uh) . h:
+        "sdpa" (`modulated_attention_bilinear`, CPU) or "eager" (`modulated_attention_eager_bilinear`, the
+        `bilinear_logits` experiment); None where the logits are q . k. implementation: `_implementation`'s."""
+        if x.dim() != 3:
+            return None
+        implementation = implementation or self._implementation(x.device)
+        if implementation == "eager":
+            return "eager" if self.bilinear_logits and not self.fused_attention else None
+        if (
+            implementation == "sdpa"
+            and x.device.type == "cpu"
+            and not (self.training and self.config.attention_probs_dropout_prob > 0)
+            and bilinear_attention_pays(x.shape[-1], self.head_size, x.shape[-2], _static_size(x.shape[0]))
+        ):
+            return "sdpa"
+        return None
+
+    def function_weights(
+        self, codes: torch.Tensor, shared_input: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The per-function weights of this LOC's ModLins, W diag(LayerNorm(W_c c_u)) (U, out, in) each (Eq. 5):
+        "query" (the softmax scale folded in), "key", "value", "output", "fc1", "fc2". The same in every function
+        iteration, so computed once per forward (`NeuralInterpreterScript.function_weights`). With `shared_input`, the
+        (B, N, d) set this LOC reads with every function, also "bilinear" ([A_uh^T], `bilinear_weight`) where the
+        LOC forms its logits in the bilinear form on it (0.19 GFLOP per forming in the digits preset)."""
+        weights = {
+            "query": self.query.function_weights(codes) * (1.0 / math.sqrt(self.head_size)),
+            "key": self.key.function_weights(codes),
+            "value": self.value.function_weights(codes),
+            "output": self.output.function_weights(codes),
+            "fc1": self.mlp.fc1.function_weights(codes),
+            "fc2": self.mlp.fc2.function_weights(codes),
+        }
+        if shared_input is not None and self._bilinear_form(shared_input) is not None:
+            weights["bilinear"] = bilinear_weight(weights["query"], weights["key"], self.num_heads)
+        return weights
+
     def forward(
         self,
         x: torch.Tensor,
@@ -1606,30 +1675,26 @@ class LineOfCode(nn.Module):
         codes: torch.Tensor,
         position_bias: torch.Tensor | None,
         combine: bool = False,
+        weights: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """x (B, N, d) shared by all streams or (U, B, N, d); compatibilities (U, B, N) -> (U, B, N, d).
 
         position_bias: this LOC's (U, H, N, N) relative positional bias (see `NeuralInterpreterScript`), or None.
         combine: return sum_u C_ui LOC_u(x)_i (B, N, d), Eq. 8's combination of the streams, instead of them.
+        weights: `function_weights(codes, x)` if already computed for this forward, else computed here.
         """
         u = codes.shape[0]
+        if weights is None:
+            weights = self.function_weights(codes, x if x.dim() == 3 else None)
         h = self.attention_norm(x)
         n = h.shape[-2]
         scale = 1.0 / math.sqrt(self.head_size)
-
-        # torch.jit.trace cannot record custom autograd Functions: it gets the plain autograd ops of "eager".
         tracing = torch.jit.is_tracing()
-        implementation = (
-            "eager"
-            if tracing
-            else attention_implementation(
-                self.config._attn_implementation, h.device, torch.compiler.is_compiling()
-            )
-        )
+        implementation = self._implementation(h.device)
+        bilinear_form = self._bilinear_form(x, implementation)
         # The GPU experiments of the benchmark's models, switches of the "eager" formulation (see __init__).
         fused = implementation == "eager" and self.fused_attention
         aligned = implementation == "eager" and self.token_alignment > 1 and not fused
-        bilinear = implementation == "eager" and self.bilinear_logits and h.dim() == 3 and not fused
         if aligned:  # project padded tokens (zeros; see modulated_attention_aligned)
             h = F.pad(h, (0, 0, 0, -n % self.token_alignment))
         # The eager formulation's batched products take (B, U, H, N, .) views of a token-major (N, B, U, H, .)
@@ -1637,11 +1702,9 @@ class LineOfCode(nn.Module):
         # would be copied into head-major order first, q and k (128-wide heads) and v at every function iteration.
         token_major = implementation == "eager" and h.dim() == 3
 
-        def heads(projection: ModLin, factor: float = 1.0) -> torch.Tensor:
-            """(B, U, H, N, .) for the U functions; `factor` is folded into the (U, out, in) weights."""
-            weight = projection.function_weights(codes)
-            if factor != 1.0:
-                weight = weight * factor
+        def heads(name: str, projection: ModLin) -> torch.Tensor:
+            """(B, U, H, N, .) for the U functions, from their (U, out, in) weights `weights[name]`."""
+            weight = weights[name]
             if token_major:
                 y = apply_function_weights(h.transpose(0, 1), weight, projection.function_bias(u), False)
                 return y.unflatten(-1, (self.num_heads, -1)).permute(1, 2, 3, 0, 4)
@@ -1663,19 +1726,13 @@ class LineOfCode(nn.Module):
             and not (self.training and self.config.hidden_dropout_prob > 0)
         )
         columns = lean and implementation != "eager"  # the attention hands over A @ [C v, C], not Eq. 6
-        if (
-            implementation == "sdpa"
-            and h.dim() == 3
-            and h.device.type == "cpu"
-            and dropout == 0.0
-            and bilinear_attention_pays(h.shape[-1], self.head_size, n, _static_size(h.shape[0]))
-        ):
+        if bilinear_form == "sdpa":
             # Every function reads the same h (the first LOC of an iteration): q.k^T = h A_uh h^T.
             attended = modulated_attention_bilinear(
                 h,
-                self.query.function_weights(codes) * scale,
-                self.key.function_weights(codes),
-                self.value.function_weights(codes),
+                weights["query"],
+                weights["key"],
+                weights["value"],
                 self.value.function_bias(u),
                 compatibilities,
                 bias,
@@ -1683,13 +1740,14 @@ class LineOfCode(nn.Module):
                 eps=eps,
                 normalise=not columns,
                 output="LOC attention",
+                bilinear=weights.get("bilinear"),
             )
-        elif bilinear:
+        elif bilinear_form == "eager":
             attended = modulated_attention_eager_bilinear(
                 h,
-                self.query.function_weights(codes) * scale,
-                self.key.function_weights(codes),
-                heads(self.value),
+                weights["query"],
+                weights["key"],
+                heads("value", self.value),
                 compatibilities,
                 bias,
                 scale=1.0,
@@ -1697,10 +1755,11 @@ class LineOfCode(nn.Module):
                 dropout=dropout,
                 columns=columns_experiment,
                 column_alignment=self.token_alignment if aligned else 1,
+                bilinear=weights.get("bilinear"),
             )
         else:
             # The softmax scale is folded into the query weights (U x out x in numbers, not B x U x N x out).
-            q, k, v = heads(self.query, scale), heads(self.key), heads(self.value)
+            q, k, v = heads("query", self.query), heads("key", self.key), heads("value", self.value)
             attention = ATTENTION_FUNCTIONS.get(implementation, modulated_attention_sdpa)
             kwargs = {"normalise": False} if columns else {}
             if columns_experiment:
@@ -1715,19 +1774,24 @@ class LineOfCode(nn.Module):
             )
         if not lean:
             attended = _merge_heads(attended)
-            a = torch.addcmul(x, gate, self.dropout(self.output(attended, codes)))
-            streams = torch.addcmul(a, gate, self.dropout(self.mlp(self.mlp_norm(a), codes)))
+            y = apply_function_weights(attended, weights["output"], self.output.function_bias(u))
+            a = torch.addcmul(x, gate, self.dropout(y))
+            y = apply_function_weights(self.mlp_norm(a), weights["fc1"], self.mlp.fc1.function_bias(u))
+            y = apply_function_weights(F.gelu(y), weights["fc2"], self.mlp.fc2.function_bias(u))
+            streams = torch.addcmul(a, gate, self.dropout(y))
             return (gate * streams).sum(0) if combine else streams
         # a and the hidden layer stay inside this LOC: in inference on float32 CPU they go into reused buffers
         # (`_output_buffer`).
         if columns:
-            a = attention_output(self.output, x, attended, compatibilities, eps, codes, gate, output="LOC a")
+            a = attention_output(
+                self.output, x, attended, compatibilities, eps, weights["output"], gate, output="LOC a"
+            )
         else:
-            a = x + gated_mod_lin(self.output, _merge_heads(attended), codes, gate)
-        hidden = norm_mod_lin(self.mlp_norm, self.mlp.fc1, a, codes, output="LOC hidden")
+            a = x + gated_mod_lin(self.output, _merge_heads(attended), weights["output"], gate)
+        hidden = norm_mod_lin(self.mlp_norm, self.mlp.fc1, a, weights["fc1"], output="LOC hidden")
         if combine:
-            return gated_mod_lin_sum(self.mlp.fc2, a, hidden, codes, gate)
-        return a + gated_mod_lin(self.mlp.fc2, hidden, codes, gate, gelu=True)
+            return gated_mod_lin_sum(self.mlp.fc2, a, hidden, weights["fc2"], gate)
+        return a + gated_mod_lin(self.mlp.fc2, hidden, weights["fc2"], gate, gelu=True)
 
     def attention_weights(
         self,
@@ -1735,20 +1799,24 @@ class LineOfCode(nn.Module):
         compatibilities: torch.Tensor,
         codes: torch.Tensor,
         position_bias: torch.Tensor | None,
+        weights: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Eq. 6's attention weights W (B, U, H, N, N) of this LOC on `forward`'s inputs, before attention dropout.
 
         Computed apart from `forward` in the literal form (the fast paths never form W): for `output_attentions`.
+        weights: `function_weights(codes)` if already computed for this forward.
         """
+        if weights is None:
+            weights = self.function_weights(codes)
         h = self.attention_norm(x)
         scale = 1.0 / math.sqrt(self.head_size)
 
-        def heads(projection: ModLin, factor: float = 1.0) -> torch.Tensor:
+        def heads(weight: torch.Tensor) -> torch.Tensor:
             """(B, U, H, N, dh) from the (U, B, N, H dh) projection of h."""
-            y = apply_function_weights(h, projection.function_weights(codes) * factor, None)
+            y = apply_function_weights(h, weight, None)
             return y.unflatten(-1, (self.num_heads, -1)).permute(1, 0, 3, 2, 4)
 
-        logits = heads(self.query, scale) @ heads(self.key).transpose(-1, -2)
+        logits = heads(weights["query"]) @ heads(weights["key"]).transpose(-1, -2)
         bias = None if position_bias is None else position_bias * scale
         return modulated_attention_weights(logits, compatibilities, bias, 1.0, self.config.attention_eps)
 
@@ -1797,6 +1865,14 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
             truncated = truncated * function_mask[:, None, None].to(truncated.dtype)
         return truncated / (self.config.kernel_eps + truncated.sum(dim=0, keepdim=True))
 
+    def function_weights(self, hidden_states: torch.Tensor) -> tuple[dict[str, torch.Tensor], ...]:
+        """Every LOC's `LineOfCode.function_weights`: the same in every function iteration, so computed once per
+        forward, not per iteration. hidden_states (B, N, d): the set the first LOC reads with every function."""
+        return tuple(
+            loc.function_weights(self.codes, hidden_states if i == 0 else None)
+            for i, loc in enumerate(self.locs)
+        )
+
     def position_biases(self, num_prefix_tokens: int) -> torch.Tensor | None:
         """(L, U, H, N, N): every LOC's positional bias, computed once per forward, not per iteration or sample."""
         if not self.config.use_relative_positional_bias:
@@ -1810,6 +1886,7 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         function_mask: torch.Tensor | None = None,
         loc_positions: torch.Tensor | None = None,
         output_attentions: bool = False,
+        function_weights: tuple[dict[str, torch.Tensor], ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """One function iteration (Eq. 8): y_i = sum_u C_ui LOC_stack_u(x)_i. Returns (y, C (U,B,N), types, W).
 
@@ -1817,7 +1894,10 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         loc_positions: (N, d) absolute positions added to the stream before every LOC (zero rows for the task
             tokens), or None; type inference and the outer residual see x without them, as in the reference.
         output_attentions: W is then every LOC's Eq. 6 weights (`LineOfCode.attention_weights`), else None.
+        function_weights: from `function_weights` (computed once per forward), or None to compute them here.
         """
+        if function_weights is None:
+            function_weights = self.function_weights(hidden_states)
         types = self.type_inference(hidden_states)
         compatibilities = self.compatibilities(types, function_mask)
         streams = hidden_states  # every stream starts from the same x: kept unexpanded for the first LOC
@@ -1826,10 +1906,11 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
             bias = None if position_biases is None else position_biases[i]
             if loc_positions is not None:
                 streams = streams + loc_positions
+            weights = function_weights[i]
             if output_attentions:
-                attentions += (loc.attention_weights(streams, compatibilities, self.codes, bias),)
+                attentions += (loc.attention_weights(streams, compatibilities, self.codes, bias, weights),)
             # The last LOC forms sum_u C_ui LOC_u(x)_i itself, which spares keeping the streams for dL/dC.
-            streams = loc(streams, compatibilities, self.codes, bias, combine=i == len(self.locs) - 1)
+            streams = loc(streams, compatibilities, self.codes, bias, i == len(self.locs) - 1, weights)
         output = streams
         if self.config.outer_residual:
             output = hidden_states + output
@@ -2112,9 +2193,18 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         all_types = () if output_routing else None
         for script, n_iter, mask in zip(self.scripts, iterations, function_masks, strict=True):
             biases = script.position_biases(num_prefix) if is_patch_grid and n_iter > 0 else None
+            # Formed once for all iterations; but a checkpointed iteration forms its own inside the checkpoint: shared
+            # tensors made outside it would be backpropagated by each reentrant checkpoint's inner backward.
+            checkpointed = script.gradient_checkpointing and script.training and torch.is_grad_enabled()
+            weights = script.function_weights(hidden) if n_iter > 0 and not checkpointed else None
             for _ in range(n_iter):
                 hidden, compat, types, attentions = script(
-                    hidden, biases, mask, loc_positions, output_attentions=output_attentions
+                    hidden,
+                    biases,
+                    mask,
+                    loc_positions,
+                    output_attentions=output_attentions,
+                    function_weights=weights,
                 )
                 if output_hidden_states:
                     all_hidden += (hidden,)
