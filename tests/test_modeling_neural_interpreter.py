@@ -1634,6 +1634,26 @@ def test_bad_inputs_raise_clear_errors(tester):
         model.neural_interpreter(inputs_embeds=torch.randn(2, 4, config.hidden_size + 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool])
+def test_integer_pixels_are_refused_instead_of_cast(tester, dtype):
+    """Raw uint8 images passed without the processor would run as pixel values 0-255: an error names it."""
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    images = torch.randint(0, 2, (2, config.num_channels, config.image_size, config.image_size)).to(dtype)
+    with pytest.raises(ValueError, match=f"`pixel_values` must be a floating-point tensor.*{dtype}"):
+        model(pixel_values=images)
+    with pytest.raises(ValueError, match="`inputs_embeds` must be a floating-point tensor"):
+        model.neural_interpreter(inputs_embeds=torch.ones(2, 4, config.hidden_size, dtype=dtype))
+    assert model(pixel_values=images.float()).logits.shape == (2, config.num_labels)
+
+
+def test_integer_set_inputs_are_refused_instead_of_cast(tester):
+    config = tester.get_config(use_relative_positional_bias=False)
+    model = NeuralInterpreterForSetRegression(config).eval()
+    with pytest.raises(ValueError, match="`inputs` must be a floating-point tensor.*torch.int64"):
+        model(inputs=torch.ones(2, config.num_input_variables, dtype=torch.long))
+
+
 def test_config_round_trips_through_dict(tester):
     config = tester.get_config(num_function_iterations=[3, 1])
     again = NeuralInterpreterConfig.from_dict(copy.deepcopy(config.to_dict()))

@@ -2086,7 +2086,14 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                     f"`inputs_embeds` must have shape (batch, set_size, {c.hidden_size}), got {tuple(inputs_embeds.shape)}."
                 )
             _check_not_empty(inputs_embeds.shape[0])
+            _check_floating("inputs_embeds", inputs_embeds, "a set of embedding vectors")
             return inputs_embeds.to(self.task_tokens.dtype), False
+        _check_floating(
+            "pixel_values",
+            pixel_values,
+            "pixels normalized to about [-1, 1], as NeuralInterpreterImageProcessor gives them; raw 0-255 images go "
+            "through the processor first",
+        )
         if pixel_values.dim() == 4:
             if pixel_values.shape[1:] != (c.num_channels, c.image_size, c.image_size):
                 raise ValueError(
@@ -2243,6 +2250,12 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
 def _check_not_empty(batch_size: int) -> None:
     if batch_size == 0:
         raise ValueError("Got an empty batch (0 samples); pass at least one image or set.")
+
+
+def _check_floating(name: str, values: torch.Tensor, expected: str) -> None:
+    """Refuse integer or bool inputs: raw uint8 pixels would otherwise be cast and run as garbage, silently."""
+    if not (values.is_floating_point() or values.is_complex()):
+        raise ValueError(f"`{name}` must be a floating-point tensor ({expected}), got dtype {values.dtype}.")
 
 
 def _check_finite(
@@ -2552,6 +2565,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         if inputs is None or inputs.dim() != 2 or inputs.shape[1] != c.num_input_variables:
             shape = None if inputs is None else tuple(inputs.shape)
             raise ValueError(f"`inputs` must have shape (batch, {c.num_input_variables}), got {shape}.")
+        _check_floating("inputs", inputs, "the input variables' values")
         dtype = self.input_projection.weight.dtype
         embeds = self.input_projection(inputs.to(dtype).unsqueeze(-1))
         every_loc = c.input_position_embedding_placement == "every_loc"
