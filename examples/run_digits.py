@@ -86,6 +86,7 @@ from ni_hf.digits_data import (
 from ni_hf.evaluation import CopiedPredictionsMixin, load_multitask_accuracy
 from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.model_card import TaskCardInfo, build_digits_model_card, describe_hardware, mixed_precision
+from ni_hf.modeling_neural_interpreter import EAGER_FORMULATIONS, set_eager_formulation
 from ni_hf.paths import check_model_path
 from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
 
@@ -278,6 +279,23 @@ class ModelArguments:
             "choices": ["sdpa", "eager"],
         },
     )
+    eager_formulation: str = field(
+        default="literal",
+        metadata={
+            "help": "How the 'eager' attention path forms Eq. 6, which a Neural Interpreter compiled on a GPU runs "
+            "(with 'sdpa' too): 'literal' (default), or 'fused', 'bilinear', 'columns', 'bilinear-columns': the "
+            "same function with fewer bytes per compiled step (GPU experiments, not yet timed on a GPU; "
+            "benchmarks/SPEED.md). With 'sdpa', no effect unless compiled on a GPU. Not saved with the model.",
+            "choices": list(EAGER_FORMULATIONS),
+        },
+    )
+    token_alignment: int = field(
+        default=1,
+        metadata={
+            "help": "Pad the tokens of the 'eager' attention path to a multiple of this (8: 16-byte bf16 rows for "
+            "GPU GEMMs); the same function, a GPU experiment. Not saved with the model."
+        },
+    )
     model_card_template: str = field(
         default=str(DEFAULT_TEMPLATE),
         metadata={"help": "Jinja template of the model card written to <output_dir>/README.md."},
@@ -463,6 +481,21 @@ def parse_config_overrides(overrides: str | None, architecture: str = "neural_in
     return _parse_config_overrides(overrides, reserved=DATA_DEFINED_CONFIG_KEYS, config_class=config_class)
 
 
+def check_eager_formulation(model_args: ModelArguments, architecture: str) -> None:
+    """--eager_formulation and --token_alignment: valid, and given only for a Neural Interpreter."""
+    if model_args.token_alignment < 1:
+        raise ValueError(
+            f"--token_alignment must be a positive number of tokens, got {model_args.token_alignment}."
+        )
+    if architecture == "vit" and (
+        model_args.eager_formulation != "literal" or model_args.token_alignment != 1
+    ):
+        raise ValueError(
+            "--eager_formulation and --token_alignment choose how a Neural Interpreter forms Eq. 6; a vit model "
+            "has no Eq. 6."
+        )
+
+
 def build_config(
     model_args: ModelArguments, task_names: list[str]
 ) -> NeuralInterpreterConfig | MultiTaskViTConfig:
@@ -489,6 +522,7 @@ def build_config(
             f"{', '.join(unused)}: Neural Interpreter settings, which --architecture {model_args.architecture} "
             "does not have."
         )
+    check_eager_formulation(model_args, model_args.architecture)
     for name in options:
         value = getattr(model_args, name)
         if value is not None:
@@ -531,6 +565,7 @@ def load_checkpoint_config(
         raise ValueError(
             f"--architecture {model_args.architecture}: --model_name_or_path {path} is a {architecture} model."
         )
+    check_eager_formulation(model_args, architecture)
     config = ARCHITECTURES[architecture][0].from_pretrained(path)
     if model_args.attn_implementation is not None:
         config._attn_implementation = model_args.attn_implementation
@@ -1147,6 +1182,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         model = model_class.from_pretrained(model_args.model_name_or_path, config=config)
     else:
         model = model_class(config)
+    if model_args.eager_formulation != "literal" or model_args.token_alignment != 1:
+        set_eager_formulation(model, model_args.eager_formulation, model_args.token_alignment)
+        logger.info(
+            f"Eq. 6 in the 'eager' path: {model_args.eager_formulation} formulation, tokens padded to a multiple of "
+            f"{model_args.token_alignment}; it runs with attn_implementation='eager', and with 'sdpa' only when "
+            "compiled on a GPU (this run: "
+            f"attn_implementation={model.config._attn_implementation!r}, torch_compile={training_args.torch_compile})."
+        )
     model_task_ids = [list(config.task_names).index(name) for name in task_names]
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

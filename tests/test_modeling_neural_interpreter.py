@@ -20,6 +20,8 @@ from ni_hf import (
     modeling_neural_interpreter,
 )
 from ni_hf.modeling_neural_interpreter import (
+    EAGER_FORMULATIONS,
+    LineOfCode,
     RelativePositionalBias,
     _AttentionOutput,
     _AttentionWithRecompute,
@@ -42,6 +44,7 @@ from ni_hf.modeling_neural_interpreter import (
     modulated_attention_sdpa,
     modulated_attention_sdpa_kernel,
     patchify,
+    set_eager_formulation,
 )
 
 
@@ -1632,6 +1635,33 @@ def test_bad_inputs_raise_clear_errors(tester):
         model.neural_interpreter()
     with pytest.raises(ValueError, match="inputs_embeds"):
         model.neural_interpreter(inputs_embeds=torch.randn(2, 4, config.hidden_size + 1))
+
+
+@pytest.mark.parametrize("token_alignment", [1, 8])
+@pytest.mark.parametrize("formulation", EAGER_FORMULATIONS)
+def test_every_eager_formulation_gives_the_literal_outputs_and_gradients(
+    tester, formulation, token_alignment
+):
+    """`set_eager_formulation` changes how Eq. 6 is formed, never the function (float64, whole model)."""
+    config = tester.get_config(attn_implementation="eager", truncation_tau=1.9)
+    inputs = tester.prepare_inputs(config)
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    literal = NeuralInterpreterForImageClassification(config).double().train()
+    model = copy.deepcopy(literal)
+    set_eager_formulation(model, formulation, token_alignment)
+    locs = [m for m in model.modules() if isinstance(m, LineOfCode)]
+    assert {(m.fused_attention, m.bilinear_logits, m.columns_attention, m.token_alignment) for m in locs} == {
+        (formulation == "fused", "bilinear" in formulation, "columns" in formulation, token_alignment)
+    }
+    expected, got = literal(**inputs), model(**inputs)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=1e-9, atol=1e-10)
+    expected.loss.backward()
+    got.loss.backward()
+    for (name, p), q in zip(model.named_parameters(), literal.parameters(), strict=True):
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-8, atol=1e-10, msg=name)
+    with pytest.raises(ValueError, match="expected one of"):
+        set_eager_formulation(model, "flash")
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool])

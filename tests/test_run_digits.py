@@ -383,6 +383,38 @@ def test_a_compiled_run_compiles_for_static_batches(data_dir, tmp_path, monkeypa
     assert seen == [False]
 
 
+def test_eager_formulation_reaches_every_line_of_code_and_trains(data_dir, tmp_path, monkeypatch):
+    """--eager_formulation and --token_alignment switch the model the Trainer trains, and say so in the log."""
+    from ni_hf.modeling_neural_interpreter import LineOfCode
+
+    seen = []
+
+    class Recording(run_digits.DigitsTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            locs = [m for m in self.model.modules() if isinstance(m, LineOfCode)]
+            seen.extend(
+                (m.bilinear_logits, m.columns_attention, m.fused_attention, m.token_alignment) for m in locs
+            )
+
+    monkeypatch.setattr(run_digits, "DigitsTrainer", Recording)
+    args = tiny_args(tmp_path / "out", data_dir, "--save_strategy", "no", "--randaugment", "false")
+    args[args.index("--max_steps") + 1] = "2"
+    extra = [
+        "--attn_implementation",
+        "eager",
+        "--eager_formulation",
+        "bilinear-columns",
+        "--token_alignment",
+        "8",
+    ]
+    with isolated_run(tmp_path / "hf_home") as messages:
+        metrics = run_digits.main([*args, *extra])
+    assert seen and set(seen) == {(True, True, False, 8)}
+    assert any("bilinear-columns formulation, tokens padded to a multiple of 8" in m for m in messages)
+    assert math.isfinite(metrics["train_loss"])
+
+
 # --------------------------------------------------------------------------------------- one process
 
 
@@ -668,6 +700,8 @@ def test_data_dir_with_another_source_is_refused(no_data_loading, tmp_path, sour
     [
         (["--config_overrides", "num_funtions=6"], "unknown setting 'num_funtions'"),
         (["--architecture", "vit", "--config_overrides", "hidden_size=64"], "divisible"),
+        (["--architecture", "vit", "--eager_formulation", "bilinear"], "a vit model has no Eq. 6"),
+        (["--token_alignment", "0"], "--token_alignment must be a positive number"),
     ],
 )
 def test_config_is_checked_before_the_data_are_loaded(no_data_loading, tmp_path, overrides, error):

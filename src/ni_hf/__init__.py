@@ -30,6 +30,7 @@ from .modeling_neural_interpreter import (
     NeuralInterpreterPreTrainedModel,
     NeuralInterpreterSetRegressionOutput,
     release_workspace,
+    set_eager_formulation,
 )
 
 __version__ = "0.1.0"
@@ -95,5 +96,6 @@ __all__ = [
     "NeuralInterpreterPreTrainedModel",
     "NeuralInterpreterSetRegressionOutput",
     "release_workspace",
+    "set_eager_formulation",
     "vit_baseline_config",
 ]

@@ -1132,6 +1132,29 @@ def set_columns_attention(model: nn.Module, enabled: bool = True) -> None:
             module.columns_attention = enabled
 
 
+# How the "eager" path forms Eq. 6 (`set_eager_formulation`); every one computes the same function.
+EAGER_FORMULATIONS = ("literal", "fused", "bilinear", "columns", "bilinear-columns")
+
+
+def set_eager_formulation(model: nn.Module, formulation: str = "literal", token_alignment: int = 1) -> None:
+    """Choose how every LOC's "eager" path, which "sdpa" also runs when compiled on a GPU, forms Eq. 6; same function.
+
+    "literal" (the default): the written-out formula. "fused": SDPA's fused kernels on the keys and the [C v, C]
+    value columns padded to multiples of 8 (`set_fused_attention`). "bilinear": the logits as (h A_uh) . h where every
+    function reads the same set (`set_bilinear_logits`). "columns": softmax(q k^T + bias) @ [C v, C], then the
+    division (`set_columns_attention`). "bilinear-columns": both. token_alignment: pad the tokens to a multiple of
+    it (`set_token_alignment`; the fused formulation pads its own). GPU experiments: fewer bytes per compiled
+    training step by inductor's count (benchmarks/SPEED.md); the fused, bilinear and bilinear-columns ones compiled
+    exactly on an H200 (2026-11-28), none has been timed on a GPU yet.
+    """
+    if formulation not in EAGER_FORMULATIONS:
+        raise ValueError(f"Unknown eager formulation {formulation!r}; expected one of {EAGER_FORMULATIONS}.")
+    set_token_alignment(model, token_alignment)
+    set_fused_attention(model, formulation == "fused")
+    set_bilinear_logits(model, formulation in ("bilinear", "bilinear-columns"))
+    set_columns_attention(model, formulation in ("columns", "bilinear-columns"))
+
+
 def release_workspace() -> None:
     """Free the reused CPU buffers (this thread's `_Workspace`, and the idle ones of `_KeptBuffers`).
 
@@ -2618,4 +2641,5 @@ __all__ = [
     "NeuralInterpreterScript",
     "patchify",
     "release_workspace",
+    "set_eager_formulation",
 ]
