@@ -31,13 +31,7 @@ from pathlib import Path
 import torch
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
-from ni_hf.modeling_neural_interpreter import (
-    patchify,
-    set_bilinear_logits,
-    set_columns_attention,
-    set_fused_attention,
-    set_token_alignment,
-)
+from ni_hf.modeling_neural_interpreter import patchify, set_eager_formulation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import parse_overrides  # noqa: E402  (benchmarks/ is not a package)
@@ -130,10 +124,7 @@ def count_training_step(
     torch.manual_seed(0)
     model = NeuralInterpreterForImageClassification(config).to(device).train()
     model.set_attn_implementation("eager" if attention != "sdpa" else attention)
-    set_token_alignment(model, token_alignment)
-    set_fused_attention(model, attention == "fused")
-    set_bilinear_logits(model, attention in ("bilinear", "bilinear-columns"))
-    set_columns_attention(model, attention in ("columns", "bilinear-columns"))
+    set_eager_formulation(model, "literal" if attention in ("eager", "sdpa") else attention, token_alignment)
     images = torch.rand(batch_size, 3, config.image_size, config.image_size, device=device) * 2 - 1
     inputs = {
         "pixel_values": patchify(images, config.patch_size),
