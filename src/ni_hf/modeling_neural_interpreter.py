@@ -1142,7 +1142,7 @@ def set_eager_formulation(model: nn.Module, formulation: str = "literal", token_
     "literal" (the default): the written-out formula. "fused": SDPA's fused kernels on the keys and the [C v, C]
     value columns padded to multiples of 8 (`set_fused_attention`). "bilinear": the logits as (h A_uh) . h where every
     function reads the same set (`set_bilinear_logits`). "columns": softmax(q k^T + bias) @ [C v, C], then the
-    division (`set_columns_attention`). "bilinear-columns": both. token_alignment: pad the tokens to a multiple of
+    division (`set_columns_attention`; the literal formula while attention dropout is on). "bilinear-columns": both. token_alignment: pad the tokens to a multiple of
     it (`set_token_alignment`; the fused formulation pads its own). GPU experiments: fewer bytes per compiled
     training step by inductor's count (benchmarks/SPEED.md); the fused, bilinear and bilinear-columns ones compiled
     exactly on an H200 (2026-11-28), none has been timed on a GPU yet.
