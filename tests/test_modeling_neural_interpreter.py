@@ -1675,6 +1675,8 @@ def test_integer_pixels_are_refused_instead_of_cast(tester, dtype):
     with pytest.raises(ValueError, match="`inputs_embeds` must be a floating-point tensor"):
         model.neural_interpreter(inputs_embeds=torch.ones(2, 4, config.hidden_size, dtype=dtype))
     assert model(pixel_values=images.float()).logits.shape == (2, config.num_labels)
+    with pytest.raises(ValueError, match="`pixel_values` must be a floating-point tensor.*complex64"):
+        model(pixel_values=images.to(torch.complex64))
 
 
 def test_integer_set_inputs_are_refused_instead_of_cast(tester):

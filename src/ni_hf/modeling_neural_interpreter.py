@@ -1140,12 +1140,13 @@ def set_eager_formulation(model: nn.Module, formulation: str = "literal", token_
     """Choose how every LOC's "eager" path, which "sdpa" also runs when compiled on a GPU, forms Eq. 6; same function.
 
     "literal" (the default): the written-out formula. "fused": SDPA's fused kernels on the keys and the [C v, C]
-    value columns padded to multiples of 8 (`set_fused_attention`). "bilinear": the logits as (h A_uh) . h where every
-    function reads the same set (`set_bilinear_logits`). "columns": softmax(q k^T + bias) @ [C v, C], then the
-    division (`set_columns_attention`; the literal formula while attention dropout is on). "bilinear-columns": both. token_alignment: pad the tokens to a multiple of
-    it (`set_token_alignment`; the fused formulation pads its own). GPU experiments: fewer bytes per compiled
-    training step by inductor's count (benchmarks/SPEED.md); the fused, bilinear and bilinear-columns ones compiled
-    exactly on an H200 (2026-11-28), none has been timed on a GPU yet.
+    value columns padded to multiples of 8 (`set_fused_attention`). "bilinear": the logits as (h A_uh) . h where
+    every function reads the same set (`set_bilinear_logits`). "columns": softmax(q k^T + bias) @ [C v, C], then
+    the division (`set_columns_attention`; the literal formula while attention dropout is on). "bilinear-columns":
+    both. token_alignment: pad the tokens to a multiple of it (`set_token_alignment`; the fused formulation pads
+    its own). GPU experiments: fewer bytes per compiled training step by inductor's count (benchmarks/SPEED.md);
+    the fused, bilinear and bilinear-columns ones compiled exactly on an H200 (2026-11-28), none has been timed
+    on a GPU yet.
     """
     if formulation not in EAGER_FORMULATIONS:
         raise ValueError(f"Unknown eager formulation {formulation!r}; expected one of {EAGER_FORMULATIONS}.")
@@ -2276,8 +2277,8 @@ def _check_not_empty(batch_size: int) -> None:
 
 
 def _check_floating(name: str, values: torch.Tensor, expected: str) -> None:
-    """Refuse integer or bool inputs: raw uint8 pixels would otherwise be cast and run as garbage, silently."""
-    if not (values.is_floating_point() or values.is_complex()):
+    """Refuse integer, bool or complex inputs: a cast would run raw uint8 pixels as garbage, or drop imaginary parts."""
+    if not values.is_floating_point():
         raise ValueError(f"`{name}` must be a floating-point tensor ({expected}), got dtype {values.dtype}.")
 
 
