@@ -1,0 +1,151 @@
+"""Draw what a trained Neural Interpreter computes: computational paths, types, function usage, Eq. 6 weights.
+
+A checkpoint (local folder or Hub id) and images (files) or a digits dataset split in; PNG files and a JSON of the
+numbers out. Every number comes from the model's own forward pass (`ni_hf.visualization.trace_routing`).
+
+    python examples/visualize_routing.py --model runs/sklearn-digits --dataset sklearn_digits --dataset_source sklearn \
+        --output_dir runs/routing
+    python examples/visualize_routing.py --model CKPT --images a.png b.png --task mnist --output_dir out --attention
+
+Writes path_<i>.png (the computational path of the first --num_drawn images), types.png (types of the first batch
+in 2-D, --projection pca or tsne), usage.png (function usage over all images), attention_<i>.png (--attention: Eq.
+6's weights of every function and head for the first image's CLS token, at the last function iteration) and
+routing.json (per drawn image: prediction, label, C of every function iteration (K, U, N); usage over all images).
+Needs the `vis` extra (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+import ni_hf
+from ni_hf import visualization as vis
+from ni_hf.digits_data import load_task_split
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="checkpoint folder or Hub id")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", nargs="+", help="image files")
+    source.add_argument("--dataset", help="a digits task (mnist, mnistm, svhn, sklearn_digits, ...)")
+    parser.add_argument(
+        "--dataset_source", default="sklearn", help="hub, local or sklearn (ni_hf.digits_data)"
+    )
+    parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--max_samples", type=int, default=None)
+    parser.add_argument(
+        "--task", default=None, help="the model's task (name or id); default: the dataset's, or 0"
+    )
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--num_drawn", type=int, default=4, help="images whose computational path is drawn")
+    parser.add_argument("--projection", choices=["pca", "tsne"], default="pca")
+    parser.add_argument(
+        "--attention", action="store_true", help="also draw Eq. 6's weights for the first image"
+    )
+    parser.add_argument("--num_function_iterations", type=int, default=None)
+    parser.add_argument("--disabled_functions", type=int, nargs="*", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def model_task_id(config: ni_hf.NeuralInterpreterConfig, task: str | None, dataset: str | None) -> int:
+    """The model's task id from --task (name or index), else the dataset's name if the model has it, else 0."""
+    for name in (task, dataset):
+        if name is None:
+            continue
+        if name in config.task_names:
+            return list(config.task_names).index(name)
+        if name.isdigit() and int(name) < len(config.task_names):
+            return int(name)
+        if name is task:
+            raise SystemExit(f"--task {name!r} is not one of the model's tasks {list(config.task_names)}.")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model = ni_hf.NeuralInterpreterForImageClassification.from_pretrained(args.model).eval()
+    processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(args.model)
+    task_id = model_task_id(model.config, args.task, args.dataset)
+
+    if args.images:
+        names = list(args.images)
+        images = [Image.open(p) for p in names]
+        labels = None
+    else:
+        data = load_task_split(args.dataset, args.split, args.dataset_source, args.data_dir, args.max_samples)
+        images = list(data["image"])
+        labels = np.asarray(data["label"], dtype=np.int64)
+        names = [f"{args.dataset}/{args.split}/{i}" for i in range(len(images))]
+
+    options = dict(
+        num_function_iterations=args.num_function_iterations, disabled_functions=args.disabled_functions
+    )
+    usage = None
+    samples = []
+    for start in tqdm(range(0, len(images), args.batch_size), desc="Routing", unit="batch"):
+        stop = min(start + args.batch_size, len(images))
+        pixels = processor(images=images[start:stop], return_tensors="pt")["pixel_values"]
+        first = start == 0
+        trace = vis.trace_routing(
+            model, pixels, [task_id] * (stop - start), output_attentions=first and args.attention, **options
+        )
+        batch_labels = None if labels is None else labels[start:stop]
+        batch_usage = vis.FunctionUsage.from_trace(trace, batch_labels)
+        usage = batch_usage if usage is None else usage + batch_usage
+        for i in range(stop - start):
+            if start + i >= args.num_drawn:
+                break
+            index = start + i
+            vis.save_figure(vis.plot_computational_path(trace, i), output_dir / f"path_{index}.png")
+            samples.append(
+                {
+                    "image": names[index],
+                    "prediction": trace.class_names[int(trace.predictions[i])],
+                    "probability": float(trace.probabilities[i].max()),
+                    "label": None if batch_labels is None else trace.class_names[int(batch_labels[i])],
+                    "compatibilities": np.round(trace.compatibilities[:, i], 6).tolist(),  # (K, U, N)
+                }
+            )
+        if first:
+            vis.save_figure(
+                vis.plot_type_space(trace, batch_labels, args.projection, args.seed), output_dir / "types.png"
+            )
+            if args.attention:
+                last = len(trace.steps) - 1
+                for u in range(trace.num_functions):
+                    for h in range(trace.attentions.shape[4]):
+                        path = output_dir / (
+                            "attention_0.png" if u == h == 0 else f"attention_0_f{u}_h{h}.png"
+                        )
+                        vis.save_figure(vis.plot_attention(trace, 0, last, u, h), path)
+    vis.save_figure(vis.plot_function_usage(usage), output_dir / "usage.png")
+    numbers = {
+        "model": args.model,
+        "task": model.config.task_names[task_id],
+        "steps": [list(s) for s in usage.steps],
+        "num_task_tokens": model.config.num_task_tokens,
+        "samples": samples,
+        "usage": usage.to_dict(),
+    }
+    (output_dir / "routing.json").write_text(json.dumps(numbers) + "\n")
+    print(usage.to_markdown())
+    print(f"Pictures and routing.json in {output_dir}")
+    return numbers
+
+
+if __name__ == "__main__":
+    main()

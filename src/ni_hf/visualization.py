@@ -1,0 +1,709 @@
+"""Pictures of what a Neural Interpreter computes, from the numbers of one forward pass.
+
+`trace_routing` runs the model once with `output_routing` (and `output_attentions` when asked) and keeps, for every
+function iteration, the compatibilities C (Eq. 4), the types t (Eq. 2) and Eq. 6's attention weights W. The
+`*_data` functions and `FunctionUsage` turn a trace into the arrays behind each figure; the `plot_*` functions draw
+them with matplotlib (the `vis` extra: `pip install -e ".[vis]"`), imported only when a figure is drawn, on
+`matplotlib.figure.Figure` objects (no pyplot state, so they render headless). Tokens are the task (CLS) tokens
+first, one per task, then the patches in row-major order over the grid.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .image_processing_neural_interpreter import unpatchify
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+
+@dataclass
+class RoutingTrace:
+    """C, types t and Eq. 6 weights W of every function iteration (scripts in order) of one forward pass, as numpy."""
+
+    compatibilities: np.ndarray  # (K, B, U, N): C_ui of each function iteration k
+    types: np.ndarray  # (K, B, N, d_type): t_i, unit vectors
+    signatures: np.ndarray  # (K, U, d_type): the normalised signatures s_u of iteration k's script
+    steps: list[tuple[int, int]]  # (script, iteration within the script) of each k
+    logits: np.ndarray | None  # (B, num_labels), None for the backbone
+    task_ids: np.ndarray  # (B,)
+    num_task_tokens: int
+    grid: tuple[int, int] | None  # the patch grid, None for a set input
+    images: np.ndarray | None  # (B, H, W, 3) in [0, 1], for display
+    attentions: np.ndarray | None  # (K, L, B, U, H, N, N): W of every LOC, or None
+    task_names: list[str]
+    class_names: list[str]
+    disabled_functions: list[int]
+
+    @property
+    def num_functions(self) -> int:
+        return self.compatibilities.shape[2]
+
+    @property
+    def predictions(self) -> np.ndarray:
+        """Predicted class index of each sample, (B,)."""
+        if self.logits is None:
+            raise ValueError("This trace comes from a backbone without a head: it has no predictions.")
+        return self.logits.argmax(-1)
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        if self.logits is None:
+            raise ValueError("This trace comes from a backbone without a head: it has no predictions.")
+        shifted = np.exp(self.logits - self.logits.max(-1, keepdims=True))
+        return shifted / shifted.sum(-1, keepdims=True)
+
+
+def _display_images(pixel_values: torch.Tensor, config: Any) -> np.ndarray | None:
+    """(B, 3, H, W) images or (B, P, p*p*3) patches -> (B, H, W, 3) in [0, 1], each stretched to its own range."""
+    x = pixel_values.detach().float().cpu()
+    if x.dim() == 3:
+        if x.shape[1] != config.grid_size**2:
+            return None
+        x = unpatchify(x, config.patch_size, config.image_size, config.image_size)
+    if x.dim() != 4:
+        return None
+    lo = x.amin(dim=(1, 2, 3), keepdim=True)
+    hi = x.amax(dim=(1, 2, 3), keepdim=True)
+    x = (x - lo) / (hi - lo).clamp_min(1e-8)
+    x = x.permute(0, 2, 3, 1).numpy()
+    return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x[..., :3]
+
+
+@torch.no_grad()
+def trace_routing(
+    model: torch.nn.Module,
+    pixel_values: torch.Tensor,
+    task_ids: torch.Tensor | Sequence[int] | None = None,
+    *,
+    num_function_iterations: int | Sequence[int] | None = None,
+    disabled_functions: Sequence[int] | None = None,
+    output_attentions: bool = False,
+) -> RoutingTrace:
+    """One forward pass in eval mode; keeps C, types, signatures (and W) of every function iteration."""
+    backbone = getattr(model, "neural_interpreter", model)
+    config = backbone.config
+    was_training = model.training
+    model.eval()
+    kwargs: dict[str, Any] = dict(
+        output_routing=True,
+        output_attentions=output_attentions,
+        num_function_iterations=num_function_iterations,
+        disabled_functions=list(disabled_functions) if disabled_functions else None,
+    )
+    batch_size = pixel_values.shape[0]
+    if task_ids is None:
+        task_ids = torch.full((batch_size,), int(getattr(config, "default_task", 0) or 0), dtype=torch.long)
+    task_ids = torch.as_tensor(task_ids, dtype=torch.long)
+    device = next(model.parameters()).device
+    if model is backbone:
+        out = model(pixel_values=pixel_values.to(device), **kwargs)
+    else:
+        out = model(pixel_values=pixel_values.to(device), task_ids=task_ids.to(device), **kwargs)
+    model.train(was_training)
+
+    iterations = config.iterations_per_script if num_function_iterations is None else num_function_iterations
+    if isinstance(iterations, int):
+        iterations = [iterations] * config.num_scripts
+    steps = [(s, k) for s, n in enumerate(iterations) for k in range(int(n))]
+    signatures = [
+        F.normalize(script.signatures.detach().float(), dim=-1).cpu().numpy() for script in backbone.scripts
+    ]
+    num_tokens = out.compatibilities[0].shape[-1] if steps else config.num_task_tokens
+    num_patches = num_tokens - config.num_task_tokens
+    grid = (config.grid_size, config.grid_size) if num_patches == config.grid_size**2 else None
+    attentions = None
+    if output_attentions and steps:
+        per_step = len(out.attentions) // len(steps)
+        attentions = np.stack([a.float().cpu().numpy() for a in out.attentions]).reshape(
+            len(steps), per_step, *out.attentions[0].shape
+        )
+    id2label = getattr(config, "id2label", None) or {}
+    logits = getattr(out, "logits", None)
+    return RoutingTrace(
+        compatibilities=np.stack([c.float().cpu().numpy() for c in out.compatibilities])
+        if steps
+        else np.zeros((0, batch_size, config.num_functions, num_tokens), np.float32),
+        types=np.stack([t.float().cpu().numpy() for t in out.types])
+        if steps
+        else np.zeros((0, batch_size, num_tokens, config.type_dim), np.float32),
+        signatures=np.stack([signatures[s] for s, _ in steps])
+        if steps
+        else np.zeros((0, config.num_functions, config.type_dim), np.float32),
+        steps=steps,
+        logits=None if logits is None else logits.float().cpu().numpy(),
+        task_ids=task_ids.cpu().numpy(),
+        num_task_tokens=config.num_task_tokens,
+        grid=grid,
+        images=_display_images(pixel_values, config) if grid is not None else None,
+        attentions=attentions,
+        task_names=list(config.task_names),
+        class_names=[str(id2label.get(i, i)) for i in range(getattr(config, "num_labels", 0) or 0)],
+        disabled_functions=sorted(int(u) for u in disabled_functions or []),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the data
+
+
+def _step_name(steps: Sequence[tuple[int, int]], i: int) -> str:
+    """'iteration k' (1-based), with the script where the model has several."""
+    script, iteration = steps[i]
+    if len({s for s, _ in steps}) == 1:
+        return f"iteration {iteration + 1}"
+    return f"script {script + 1}, iteration {iteration + 1}"
+
+
+def computational_path_data(trace: RoutingTrace, index: int = 0) -> dict[str, Any]:
+    """C of one sample per function iteration and function: on the patch grid, and for every task's CLS token."""
+    if trace.grid is None:
+        raise ValueError("The computational path is drawn on a patch grid; this trace has a set input.")
+    c = trace.compatibilities[:, index]  # (K, U, N)
+    t = trace.num_task_tokens
+    data = {
+        "patches": c[:, :, t:].reshape(c.shape[0], c.shape[1], *trace.grid),  # (K, U, gh, gw)
+        "task_tokens": c[:, :, :t].transpose(0, 2, 1),  # (K, T, U)
+        "accepted": c.sum(axis=1),  # (K, N): sum over functions of C, Eq. 4's share of token i that is routed
+        "task_id": int(trace.task_ids[index]),
+        "steps": trace.steps,
+        "disabled_functions": trace.disabled_functions,
+    }
+    if trace.logits is not None:
+        data["prediction"] = int(trace.predictions[index])
+        data["probability"] = float(trace.probabilities[index].max())
+    return data
+
+
+def type_projection_data(
+    trace: RoutingTrace,
+    labels: Sequence[int] | np.ndarray | None = None,
+    method: str = "pca",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Types t of every token per function iteration and the signatures s_u, projected to 2-D together.
+
+    One projection (PCA or t-SNE) is fitted on the types of all iterations and the signatures at once, so the
+    panels share axes. "function": the function with the largest C for each token, -1 where no function accepts it.
+    "label": each sample's class (`labels`, or the predictions when None).
+    """
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+
+    k, b, n, d = trace.types.shape
+    scripts = sorted({s for s, _ in trace.steps})
+    script_signatures = {s: trace.signatures[[s2 for s2, _ in trace.steps].index(s)] for s in scripts}
+    signatures = np.concatenate([script_signatures[s] for s in scripts])
+    points = np.concatenate([trace.types.reshape(-1, d), signatures]).astype(np.float64)
+    if method == "pca":
+        projected = PCA(n_components=2, random_state=seed).fit_transform(points)
+    elif method == "tsne":
+        perplexity = float(min(30.0, max(2.0, (len(points) - 1) / 3)))
+        projected = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(
+            points
+        )
+    else:
+        raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}.")
+    types_2d = projected[: k * b * n].reshape(k, b, n, 2)
+    sig_2d = projected[k * b * n :].reshape(len(scripts), -1, 2)
+    c = trace.compatibilities  # (K, B, U, N)
+    function = np.where(c.sum(axis=2) > 0, c.argmax(axis=2), -1)  # (K, B, N)
+    labels_arr = trace.predictions if labels is None else np.asarray(labels)
+    return {
+        "types": types_2d,  # (K, B, N, 2)
+        "signatures": np.stack([sig_2d[scripts.index(s)] for s, _ in trace.steps]),  # (K, U, 2)
+        "function": function,
+        "label": labels_arr,  # (B,)
+        "is_task_token": np.arange(n) < trace.num_task_tokens,  # (N,)
+        "method": method,
+        "label_source": "predictions" if labels is None else "labels",
+    }
+
+
+@dataclass
+class FunctionUsage:
+    """How much each function is used: C summed over tokens (Eq. 4 shares) per function iteration, task and class.
+
+    Sums and token counts add over batches (`+`); the `by_*` means are the mean C of each function over those
+    tokens (all N of each sample: task tokens and patches), and "none" is the share no function accepted.
+    """
+
+    steps: list[tuple[int, int]]
+    task_names: list[str]
+    class_names: list[str]
+    iteration_sums: np.ndarray  # (K, U)
+    iteration_tokens: int
+    task_sums: np.ndarray  # (T, U), over iterations too
+    task_tokens: np.ndarray  # (T,)
+    class_sums: np.ndarray  # (num_classes, U), over iterations too
+    class_tokens: np.ndarray  # (num_classes,)
+    num_samples: int
+    class_source: str  # "labels" or "predictions"
+
+    @classmethod
+    def from_trace(
+        cls, trace: RoutingTrace, labels: Sequence[int] | np.ndarray | None = None
+    ) -> FunctionUsage:
+        """Usage of one trace; classes from `labels`, or from the predictions when None."""
+        c = trace.compatibilities.astype(np.float64)  # (K, B, U, N)
+        k, b, u, n = c.shape
+        per_sample = c.sum(axis=(0, 3))  # (B, U)
+        classes = trace.predictions if labels is None else np.asarray(labels, dtype=np.int64)
+        num_tasks = len(trace.task_names)
+        num_classes = max(len(trace.class_names), int(classes.max()) + 1 if b else 0)
+        task_sums = np.zeros((num_tasks, u))
+        np.add.at(task_sums, trace.task_ids, per_sample)
+        class_sums = np.zeros((num_classes, u))
+        np.add.at(class_sums, classes, per_sample)
+        names = trace.class_names + [str(i) for i in range(len(trace.class_names), num_classes)]
+        return cls(
+            steps=list(trace.steps),
+            task_names=list(trace.task_names),
+            class_names=names,
+            iteration_sums=c.sum(axis=(1, 3)),
+            iteration_tokens=b * n,
+            task_sums=task_sums,
+            task_tokens=np.bincount(trace.task_ids, minlength=num_tasks) * k * n,
+            class_sums=class_sums,
+            class_tokens=np.bincount(classes, minlength=num_classes) * k * n,
+            num_samples=b,
+            class_source="predictions" if labels is None else "labels",
+        )
+
+    def __add__(self, other: FunctionUsage) -> FunctionUsage:
+        if self.steps != other.steps or self.task_names != other.task_names:
+            raise ValueError("Only usages of the same model and function iterations add up.")
+        if self.class_source != other.class_source:
+            raise ValueError("Usages counted by labels and by predictions do not add up.")
+        classes = max(len(self.class_names), len(other.class_names))
+
+        def pad(a: np.ndarray) -> np.ndarray:
+            return np.pad(a, [(0, classes - len(a))] + [(0, 0)] * (a.ndim - 1))
+
+        return FunctionUsage(
+            steps=self.steps,
+            task_names=self.task_names,
+            class_names=max(self.class_names, other.class_names, key=len),
+            iteration_sums=self.iteration_sums + other.iteration_sums,
+            iteration_tokens=self.iteration_tokens + other.iteration_tokens,
+            task_sums=self.task_sums + other.task_sums,
+            task_tokens=self.task_tokens + other.task_tokens,
+            class_sums=pad(self.class_sums) + pad(other.class_sums),
+            class_tokens=pad(self.class_tokens) + pad(other.class_tokens),
+            num_samples=self.num_samples + other.num_samples,
+            class_source=self.class_source,
+        )
+
+    @property
+    def by_iteration(self) -> np.ndarray:
+        """(K, U): mean C of each function at each function iteration."""
+        return self.iteration_sums / max(self.iteration_tokens, 1)
+
+    @property
+    def by_task(self) -> np.ndarray:
+        """(T, U): mean C of each function over the function iterations, for the samples of each task (NaN: none)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.task_sums / self.task_tokens[:, None]
+
+    @property
+    def by_class(self) -> np.ndarray:
+        """(classes, U): mean C of each function over the function iterations, for the samples of each class."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.class_sums / self.class_tokens[:, None]
+
+    def rows(self) -> list[tuple[str, np.ndarray]]:
+        """(row name, mean C per function) for every function iteration, task and class that has samples."""
+        rows = [(_step_name(self.steps, i), self.by_iteration[i]) for i in range(len(self.steps))]
+        rows += [
+            (f"task {t}", v)
+            for t, v, m in zip(self.task_names, self.by_task, self.task_tokens, strict=True)
+            if m
+        ]
+        rows += [
+            (f"class {c}", v)
+            for c, v, m in zip(self.class_names, self.by_class, self.class_tokens, strict=True)
+            if m
+        ]
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """The means as plain lists (JSON-ready), with the names of rows and functions."""
+
+        def clean(a: np.ndarray) -> list:
+            return [[None if np.isnan(x) else round(float(x), 6) for x in row] for row in a]
+
+        return {
+            "functions": [f"function {u}" for u in range(self.iteration_sums.shape[1])],
+            "iterations": [_step_name(self.steps, i) for i in range(len(self.steps))],
+            "by_iteration": clean(self.by_iteration),
+            "tasks": self.task_names,
+            "by_task": clean(self.by_task),
+            "classes": self.class_names,
+            "by_class": clean(self.by_class),
+            "num_samples": self.num_samples,
+            "class_source": self.class_source,
+        }
+
+    def to_markdown(self) -> str:
+        """A Markdown table: one row per function iteration, task and class; mean C per function and 'none'."""
+        num_functions = self.iteration_sums.shape[1]
+        header = "| | " + " | ".join(f"function {u}" for u in range(num_functions)) + " | none |"
+        lines = [header, "|---" * (num_functions + 2) + "|"]
+        for name, values in self.rows():
+            cells = [f"{v:.3f}" for v in values] + [f"{max(0.0, 1.0 - float(values.sum())):.3f}"]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def attention_data(
+    trace: RoutingTrace,
+    index: int = 0,
+    step: int = 0,
+    function: int = 0,
+    head: int = 0,
+    token: int | None = None,
+    loc: int = 0,
+) -> dict[str, Any]:
+    """Eq. 6's weights W_ij of one function and head at one function iteration: what token i reads from each j.
+
+    token: the query token (default: the sample's own task (CLS) token). "patches" is W over the patch grid,
+    "task_tokens" W on the task tokens; the row sums to S / (eps + S) <= 1, S = C_ui sum_j C_uj A_ij.
+    """
+    if trace.attentions is None:
+        raise ValueError("Trace without attention weights: call trace_routing(..., output_attentions=True).")
+    if trace.grid is None:
+        raise ValueError("The attention map is drawn on a patch grid; this trace has a set input.")
+    token = int(trace.task_ids[index]) if token is None else token
+    row = trace.attentions[step, loc, index, function, head, token]  # (N,)
+    t = trace.num_task_tokens
+    return {
+        "patches": row[t:].reshape(trace.grid),
+        "task_tokens": row[:t],
+        "row": row,
+        "query_compatibility": float(trace.compatibilities[step, index, function, token]),
+        "token": token,
+        "step": trace.steps[step],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the figures
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _token_name(trace: RoutingTrace, token: int) -> str:
+    if token < trace.num_task_tokens:
+        return f"CLS of {trace.task_names[token]}"
+    return f"patch {token - trace.num_task_tokens}"
+
+
+def _title(trace: RoutingTrace, index: int) -> str:
+    task = trace.task_names[int(trace.task_ids[index])]
+    text = f"task {task}"
+    if trace.logits is not None:
+        label = (
+            trace.class_names[int(trace.predictions[index])]
+            if trace.class_names
+            else trace.predictions[index]
+        )
+        text = f"prediction {label} (p = {trace.probabilities[index].max():.2f}), " + text
+    if trace.disabled_functions:
+        text += f", functions {', '.join(map(str, trace.disabled_functions))} off"
+    return text
+
+
+def plot_computational_path(trace: RoutingTrace, index: int = 0) -> Figure:
+    """Computational path of one image: C of each function (columns) at each function iteration (rows), on the image.
+
+    Each panel shades the patches by C_ui of that function (0 to 1) and gives C of the sample's own CLS token;
+    the last column shows C for every task's CLS token (rows: tasks).
+    """
+    data = computational_path_data(trace, index)
+    patches, cls = data["patches"], data["task_tokens"]
+    k, u = patches.shape[:2]
+    rows = max(k, 1)
+    fig = _new_figure(1.55 * (u + 1) + 0.6, 1.5 * rows + 0.7)
+    axes = fig.subplots(rows, u + 1, squeeze=False)
+    image = trace.images[index] if trace.images is not None else None
+    grey = image.mean(-1) if image is not None else None
+    extent = (0, trace.grid[1], trace.grid[0], 0)
+    mappable = None
+    own = data["task_id"]
+    for i in range(k):
+        for f in range(u):
+            ax = axes[i, f]
+            if grey is not None:
+                ax.imshow(grey, cmap="gray", extent=extent, interpolation="nearest")
+            mappable = ax.imshow(
+                patches[i, f],
+                cmap="magma",
+                vmin=0.0,
+                vmax=1.0,
+                alpha=0.65,
+                extent=extent,
+                interpolation="nearest",
+            )
+            ax.set_xticks([])
+            ax.set_yticks([])
+            off = f in trace.disabled_functions
+            ax.set_title(f"CLS {cls[i, own, f]:.2f}" + (" (off)" if off else ""), fontsize=8)
+            if i == 0:
+                ax.set_title(f"function {f}\n" + ax.get_title(), fontsize=9)
+            if f == 0:
+                ax.set_ylabel(_step_name(trace.steps, i), fontsize=9)
+        ax = axes[i, u]
+        ax.imshow(cls[i], cmap="magma", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        ax.set_xticks(range(u))
+        ax.set_yticks(range(len(trace.task_names)))
+        ax.set_yticklabels([n[:14] for n in trace.task_names], fontsize=6)
+        ax.tick_params(axis="x", labelsize=6)
+        if i == 0:
+            ax.set_title("task tokens\n(C per function)", fontsize=9)
+    if k == 0:
+        axes[0, 0].set_title("no function iteration")
+    if mappable is not None:
+        fig.colorbar(mappable, ax=axes[:, :u].ravel().tolist(), shrink=0.6, label="compatibility C")
+    fig.suptitle(_title(trace, index), fontsize=10)
+    return fig
+
+
+def plot_type_space(
+    trace: RoutingTrace,
+    labels: Sequence[int] | np.ndarray | None = None,
+    method: str = "pca",
+    seed: int = 0,
+) -> Figure:
+    """Types of the tokens per function iteration in 2-D: coloured by the function accepting most, and by class.
+
+    Stars mark the function signatures s_u; grey dots are tokens no function accepts (C = 0).
+    """
+    from matplotlib import colormaps
+
+    data = type_projection_data(trace, labels, method, seed)
+    k = data["types"].shape[0]
+    fig = _new_figure(2.6 * max(k, 1) + 0.6, 5.4)
+    axes = fig.subplots(2, max(k, 1), squeeze=False, sharex=True, sharey=True)
+    palette = colormaps["tab10"]
+    b, n = data["types"].shape[1:3]
+    for i in range(k):
+        xy = data["types"][i].reshape(-1, 2)
+        function = data["function"][i].reshape(-1)
+        label = np.repeat(data["label"], n)
+        for row, (values, what) in enumerate(((function, "function"), (label, "class"))):
+            ax = axes[row, i]
+            colours = np.array([palette(int(v) % 10) if v >= 0 else (0.7, 0.7, 0.7, 1.0) for v in values])
+            ax.scatter(xy[:, 0], xy[:, 1], c=colours, s=6, linewidths=0)
+            sig = data["signatures"][i]
+            ax.scatter(
+                sig[:, 0],
+                sig[:, 1],
+                marker="*",
+                s=140,
+                c=[palette(u % 10) for u in range(len(sig))],
+                edgecolors="black",
+                linewidths=0.8,
+            )
+            for u, (x, y) in enumerate(sig):
+                ax.annotate(f"s{u}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            if row == 0:
+                ax.set_title(_step_name(trace.steps, i), fontsize=9)
+            if i == 0:
+                ax.set_ylabel(
+                    f"by {what}" if what == "function" else f"by class ({data['label_source']})", fontsize=9
+                )
+            ax.tick_params(labelsize=6)
+    for row, names in ((0, [f"function {u}" for u in range(trace.num_functions)]), (1, trace.class_names)):
+        from matplotlib.lines import Line2D
+
+        handles = [
+            Line2D([], [], marker="o", ls="", color=palette(j % 10), label=name)
+            for j, name in enumerate(names)
+        ]
+        axes[row, -1].legend(
+            handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False
+        )
+    fig.suptitle(f"Types t of {b} samples x {n} tokens ({method.upper()}); stars: signatures", fontsize=10)
+    return fig
+
+
+def plot_function_usage(usage: FunctionUsage) -> Figure:
+    """Function usage as heatmaps: mean C of each function per function iteration, per task and per class."""
+    iterations = [_step_name(usage.steps, i) for i in range(len(usage.steps))]
+    tasks = [i for i, m in enumerate(usage.task_tokens) if m]
+    classes = [i for i, m in enumerate(usage.class_tokens) if m]
+    parts = [
+        ("function iteration", iterations, usage.by_iteration),
+        ("task", [usage.task_names[i] for i in tasks], usage.by_task[tasks]),
+        ("class", [usage.class_names[i] for i in classes], usage.by_class[classes]),
+    ]
+    parts = [part for part in parts if len(part[1])]
+    u = usage.iteration_sums.shape[1]
+    height = 1.0 + 0.25 * max(len(names) for _, names, _ in parts)
+    fig = _new_figure(0.8 + (1.0 + 0.45 * u) * len(parts), height)
+    axes = fig.subplots(1, len(parts), squeeze=False)[0]
+    mappable = None
+    for ax, (title, names, values) in zip(axes, parts, strict=True):
+        mappable = ax.imshow(
+            values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"
+        )
+        for (r, c), v in np.ndenumerate(values):
+            ax.text(
+                c, r, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black"
+            )
+        ax.set_xticks(range(u))
+        ax.set_xticklabels([f"f{j}" for j in range(u)], fontsize=7)
+        ax.set_yticks(range(len(names)))
+        ax.set_yticklabels([str(n)[:14] for n in names], fontsize=7)
+        ax.set_title(f"per {title}", fontsize=9)
+    fig.colorbar(mappable, ax=list(axes), shrink=0.8, label="mean C")
+    fig.suptitle(f"Function usage over {usage.num_samples} samples", fontsize=10)
+    return fig
+
+
+def plot_attention(
+    trace: RoutingTrace,
+    index: int = 0,
+    step: int = 0,
+    function: int = 0,
+    head: int = 0,
+    token: int | None = None,
+    loc: int = 0,
+) -> Figure:
+    """Eq. 6's weights W of one function and head for one query token: on the patch grid, and on the task tokens."""
+    data = attention_data(trace, index, step, function, head, token, loc)
+    fig = _new_figure(5.2, 2.8)
+    ax_img, ax_cls = fig.subplots(1, 2, width_ratios=[3, 1])
+    extent = (0, trace.grid[1], trace.grid[0], 0)
+    if trace.images is not None:
+        ax_img.imshow(trace.images[index].mean(-1), cmap="gray", extent=extent, interpolation="nearest")
+    top = max(float(data["row"].max()), 1e-8)
+    mappable = ax_img.imshow(
+        data["patches"], cmap="viridis", vmin=0.0, vmax=top, alpha=0.7, extent=extent, interpolation="nearest"
+    )
+    q = data["token"]
+    if q >= trace.num_task_tokens:
+        gw = trace.grid[1]
+        r, c = divmod(q - trace.num_task_tokens, gw)
+        ax_img.add_patch(_square(c, r))
+    ax_img.set_xticks([])
+    ax_img.set_yticks([])
+    ax_img.set_title("W on the patches", fontsize=8)
+    ax_cls.bar(range(trace.num_task_tokens), data["task_tokens"], color="tab:purple")
+    ax_cls.set_xticks(range(trace.num_task_tokens))
+    ax_cls.set_xticklabels([n[:8] for n in trace.task_names], fontsize=6, rotation=45)
+    ax_cls.set_ylim(0, top)
+    ax_cls.set_title("W on the CLS tokens", fontsize=8)
+    if not data["row"].any():
+        ax_img.text(
+            0.5, 0.5, "token not accepted:\nW = 0", transform=ax_img.transAxes, ha="center", color="white"
+        )
+    ax_cls.tick_params(labelsize=6)
+    fig.colorbar(mappable, ax=ax_img, shrink=0.8)
+    script, it = data["step"]
+    fig.suptitle(
+        f"Eq. 6 weights, function {function}, head {head}, iteration {it + 1}: what {_token_name(trace, q)} reads "
+        f"(its C = {data['query_compatibility']:.2f})",
+        fontsize=8,
+    )
+    return fig
+
+
+def _square(x: int, y: int) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), 1, 1, fill=False, edgecolor="red", linewidth=1.5)
+
+
+def figure_to_image(fig: Figure, dpi: int = 100) -> Image.Image:
+    """Render a figure (headless, Agg) to a PIL image."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    save_figure(fig, buffer, dpi=dpi)
+    buffer.seek(0)
+    return Image.open(buffer).convert("RGB")
+
+
+def save_figure(fig: Figure, path: str | Path | Any, dpi: int = 100) -> None:
+    """Save as PNG without the software metadata, so that the same numbers give the same bytes."""
+    fig.savefig(path, format="png", dpi=dpi, metadata={"Software": None})
+
+
+# ---------------------------------------------------------------------------------------------- model cards
+
+
+def write_routing_card_assets(
+    model: torch.nn.Module,
+    pixel_values: torch.Tensor,
+    task_ids: torch.Tensor | Sequence[int] | None,
+    output_dir: str | Path,
+    labels: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+    index: int = 0,
+) -> dict[str, Any]:
+    """Save a computational-path PNG and the function usage (JSON) of a batch; return the model card's Markdown.
+
+    Returns {"markdown": section to append to the card's README.md (it links the PNG by its file name, so upload
+    the folder with it), "files": paths written, "usage": the usage numbers}.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    trace = trace_routing(model, pixel_values, task_ids)
+    if isinstance(labels, torch.Tensor):
+        labels = labels.cpu().numpy()
+    usage = FunctionUsage.from_trace(trace, labels)
+    png = output_dir / "routing_path.png"
+    save_figure(plot_computational_path(trace, index), png)
+    usage_json = output_dir / "routing_usage.json"
+    usage_json.write_text(json.dumps(usage.to_dict(), indent=2) + "\n")
+    truth = "" if labels is None else f" (true class {trace.class_names[int(labels[index])]})"
+    markdown = "\n".join(
+        [
+            "## Routing",
+            "",
+            f"![Computational path of one image]({png.name})",
+            "",
+            f"The computational path of one image{truth}: how much each function (columns) accepts each patch at "
+            "each function iteration (rows), the compatibility C of Eq. 4 shading the patches from 0 to 1, and C "
+            "of the task (CLS) tokens.",
+            "",
+            f"Function usage: mean C of each function over the tokens of {usage.num_samples} images, per function "
+            f"iteration, task and class ({usage.class_source}); 'none' is the share no function accepts "
+            f"({usage_json.name} has the numbers).",
+            "",
+            usage.to_markdown(),
+            "",
+        ]
+    )
+    return {"markdown": markdown, "files": [str(png), str(usage_json)], "usage": usage.to_dict()}
+
+
+__all__ = [
+    "FunctionUsage",
+    "RoutingTrace",
+    "attention_data",
+    "computational_path_data",
+    "figure_to_image",
+    "plot_attention",
+    "plot_computational_path",
+    "plot_function_usage",
+    "plot_type_space",
+    "save_figure",
+    "trace_routing",
+    "type_projection_data",
+    "write_routing_card_assets",
+]

@@ -1,0 +1,356 @@
+"""ni_hf.visualization: the numbers behind each figure are the model's C, types and W, and the figures render."""
+
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import ni_hf
+from ni_hf import visualization as vis
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK_IDS = torch.tensor([0, 1, 0, 1, 1])
+LABELS = np.array([3, 7, 3, 1, 7])
+
+
+def tiny_config(**overrides) -> ni_hf.NeuralInterpreterConfig:
+    settings = dict(
+        hidden_size=16,
+        code_dim=8,
+        num_function_iterations=2,
+        num_functions=3,
+        num_attention_heads=2,
+        attention_head_size=4,
+        type_inference_hidden_size=8,
+        type_dim=4,
+        patch_size=8,
+        task_names=["mnist", "mnistm"],
+        num_labels=10,
+        id2label={i: str(i) for i in range(10)},
+    )
+    return ni_hf.NeuralInterpreterConfig(**{**settings, **overrides})
+
+
+def tiny_model(**overrides) -> ni_hf.NeuralInterpreterForImageClassification:
+    torch.manual_seed(0)
+    return ni_hf.NeuralInterpreterForImageClassification(tiny_config(**overrides)).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def pixels():
+    return torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def trace(model, pixels):
+    return vis.trace_routing(model, pixels, TASK_IDS, output_attentions=True)
+
+
+def png_of(fig) -> bytes:
+    buffer = io.BytesIO()
+    vis.save_figure(fig, buffer)
+    return buffer.getvalue()
+
+
+def expected_compatibilities(types: np.ndarray, signatures: np.ndarray, sigma: float, tau: float, eps: float):
+    """Eqs. 3-4 written out from the trace's types and signatures: (B, U, N)."""
+    distance = 1.0 - np.einsum("bnt,ut->bun", types, signatures)
+    kernel = np.where(distance <= tau, np.exp(-distance / sigma), 0.0)
+    return kernel / (eps + kernel.sum(axis=1, keepdims=True))
+
+
+def test_trace_holds_the_models_own_outputs(model, pixels, trace):
+    with torch.no_grad():
+        out = model(pixel_values=pixels, task_ids=TASK_IDS, output_routing=True, output_attentions=True)
+    assert trace.compatibilities.shape == (2, 5, 3, 2 + 16)  # (K, B, U, N): 2 task tokens, 4x4 patches
+    assert trace.types.shape == (2, 5, 18, 4)
+    assert trace.signatures.shape == (2, 3, 4)
+    assert trace.attentions.shape == (2, 1, 5, 3, 2, 18, 18)  # (K, L, B, U, H, N, N)
+    assert trace.grid == (4, 4) and trace.images.shape == (5, 32, 32, 3)
+    assert trace.steps == [(0, 0), (0, 1)]
+    for k in range(2):
+        np.testing.assert_array_equal(trace.compatibilities[k], out.compatibilities[k].numpy())
+        np.testing.assert_array_equal(trace.types[k], out.types[k].numpy())
+        np.testing.assert_array_equal(trace.attentions[k, 0], out.attentions[k].numpy())
+    np.testing.assert_array_equal(trace.logits, out.logits.numpy())
+    np.testing.assert_array_equal(trace.predictions, out.logits.argmax(-1).numpy())
+    signatures = F.normalize(model.neural_interpreter.scripts[0].signatures.detach(), dim=-1).numpy()
+    np.testing.assert_array_equal(trace.signatures[1], signatures)
+
+
+@pytest.mark.parametrize("tau", [1.4, 0.6])
+def test_compatibilities_follow_eqs_3_and_4(tau):
+    """C from the trace's own types and signatures; rows sum to S / (eps + S): 0 where no function accepts a token."""
+    model = tiny_model(truncation_tau=tau)
+    pixels = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    trace = vis.trace_routing(model, pixels, [0, 1, 1, 0])
+    cfg = model.config
+    sigma = float(model.neural_interpreter.scripts[0].sigma.detach())
+    for k in range(len(trace.steps)):
+        expected = expected_compatibilities(
+            trace.types[k].astype(np.float64), trace.signatures[k], sigma, tau, cfg.kernel_eps
+        )
+        np.testing.assert_allclose(trace.compatibilities[k], expected, atol=1e-5)
+    accepted = trace.compatibilities.sum(axis=2)  # (K, B, N)
+    assert (accepted <= 1.0 + 1e-6).all()
+    routed = (trace.compatibilities > 0).any(axis=2)
+    np.testing.assert_allclose(accepted[routed], 1.0, atol=1e-3)
+    np.testing.assert_array_equal(accepted[~routed], 0.0)
+    if tau < 1.0:
+        assert (~routed).any(), "with tau = 0.6 some tokens should be accepted by no function"
+
+
+def test_computational_path_data_is_C_on_the_grid(trace):
+    data = vis.computational_path_data(trace, index=3)
+    assert data["patches"].shape == (2, 3, 4, 4)
+    assert data["task_tokens"].shape == (2, 2, 3)
+    c = trace.compatibilities[:, 3]
+    # row-major grid: patch (r, c) is token num_task_tokens + 4 r + c
+    assert data["patches"][1, 2, 2, 3] == c[1, 2, 2 + 4 * 2 + 3]
+    assert data["patches"][0, 0, 3, 0] == c[0, 0, 2 + 12]
+    np.testing.assert_array_equal(data["task_tokens"][:, 1], c[:, :, 1])  # task 1's CLS token
+    np.testing.assert_array_equal(data["accepted"], c.sum(axis=1))
+    assert data["task_id"] == 1 and data["prediction"] == int(trace.logits[3].argmax())
+
+
+def test_dynamic_inference_shows_in_the_trace(model, pixels):
+    short = vis.trace_routing(model, pixels, TASK_IDS, num_function_iterations=1)
+    assert short.compatibilities.shape[0] == 1 and short.steps == [(0, 0)]
+    off = vis.trace_routing(model, pixels, TASK_IDS, disabled_functions=[1])
+    assert off.disabled_functions == [1]
+    np.testing.assert_array_equal(off.compatibilities[:, :, 1], 0.0)
+    accepted = off.compatibilities.sum(axis=2)
+    routed = (off.compatibilities > 0).any(axis=2)
+    np.testing.assert_allclose(accepted[routed], 1.0, atol=1e-3)
+    with torch.no_grad():
+        expected = model(pixel_values=pixels, task_ids=TASK_IDS, disabled_functions=[1]).logits
+    np.testing.assert_array_equal(off.logits, expected.numpy())
+    assert "functions 1 off" in vis._title(off, 0)
+
+
+def test_type_projection_data(trace):
+    data = vis.type_projection_data(trace, LABELS, method="pca")
+    assert data["types"].shape == (2, 5, 18, 2) and data["signatures"].shape == (2, 3, 2)
+    np.testing.assert_array_equal(data["function"], trace.compatibilities.argmax(axis=2))
+    np.testing.assert_array_equal(data["label"], LABELS)
+    assert data["is_task_token"].tolist() == [True, True] + [False] * 16
+    # PCA keeps the geometry up to a rotation: the projected types are the centred types times two orthonormal axes.
+    points = np.concatenate([trace.types.reshape(-1, 4), trace.signatures[0]]).astype(np.float64)
+    centred = points - points.mean(0)
+    top = np.linalg.svd(centred, full_matrices=False)[2][:2]
+    flat = np.concatenate([data["types"].reshape(-1, 2), data["signatures"][0]])
+    np.testing.assert_allclose(np.abs(flat), np.abs(centred @ top.T), atol=1e-6)
+    by_prediction = vis.type_projection_data(trace, method="pca")
+    assert by_prediction["label_source"] == "predictions"
+    np.testing.assert_array_equal(by_prediction["label"], trace.predictions)
+
+
+def test_type_projection_marks_rejected_tokens_and_tsne_is_seeded():
+    model = tiny_model(truncation_tau=0.6)
+    trace = vis.trace_routing(model, torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2)))
+    data = vis.type_projection_data(trace, method="tsne", seed=3)
+    rejected = trace.compatibilities.sum(axis=2) == 0
+    assert rejected.any()
+    assert (data["function"][rejected] == -1).all() and (data["function"][~rejected] >= 0).all()
+    again = vis.type_projection_data(trace, method="tsne", seed=3)
+    np.testing.assert_array_equal(data["types"], again["types"])
+    with pytest.raises(ValueError, match="pca"):
+        vis.type_projection_data(trace, method="umap")
+
+
+def test_function_usage_table(trace):
+    usage = vis.FunctionUsage.from_trace(trace, LABELS)
+    c = trace.compatibilities.astype(np.float64)  # (K, B, U, N)
+    np.testing.assert_allclose(usage.by_iteration, c.mean(axis=(1, 3)))
+    np.testing.assert_allclose(usage.by_task[1], c[:, [1, 3, 4]].mean(axis=(0, 1, 3)))
+    np.testing.assert_allclose(usage.by_class[7], c[:, [1, 4]].mean(axis=(0, 1, 3)))
+    assert np.isnan(usage.by_class[0]).all()  # no sample of class 0
+    # every token is accepted by some function here (tau 1.4): the shares of each row sum to 1
+    np.testing.assert_allclose(usage.by_iteration.sum(1), 1.0, atol=1e-3)
+    table = usage.to_markdown().splitlines()
+    assert table[0] == "| | function 0 | function 1 | function 2 | none |"
+    names = [line.split("|")[1].strip() for line in table[2:]]
+    assert names == [
+        "iteration 1",
+        "iteration 2",
+        "task mnist",
+        "task mnistm",
+        "class 1",
+        "class 3",
+        "class 7",
+    ]
+    cells = [float(x) for x in table[3].split("|")[2:-1]]
+    assert cells[:3] == [round(v, 3) for v in usage.by_iteration[1]] and cells[3] == pytest.approx(
+        0.0, abs=1e-3
+    )
+    data = usage.to_dict()
+    assert data["by_class"][0] == [None, None, None]
+    np.testing.assert_allclose(data["by_task"][0], usage.by_task[0], atol=1e-6)
+    json.dumps(data)
+
+
+def test_function_usage_adds_over_batches(model, pixels, trace):
+    whole = vis.FunctionUsage.from_trace(trace, LABELS)
+    first = vis.FunctionUsage.from_trace(vis.trace_routing(model, pixels[:2], TASK_IDS[:2]), LABELS[:2])
+    rest = vis.FunctionUsage.from_trace(vis.trace_routing(model, pixels[2:], TASK_IDS[2:]), LABELS[2:])
+    total = first + rest
+    assert total.num_samples == 5
+    for name in ("by_iteration", "by_task", "by_class"):
+        np.testing.assert_allclose(getattr(total, name), getattr(whole, name), atol=1e-6)
+    with pytest.raises(ValueError, match="labels and by predictions"):
+        first + vis.FunctionUsage.from_trace(trace)
+
+
+def test_attention_data_is_eq_6(trace):
+    data = vis.attention_data(trace, index=1, step=1, function=2, head=1)
+    assert data["token"] == 1  # sample 1's own task token
+    row = trace.attentions[1, 0, 1, 2, 1, 1]
+    np.testing.assert_array_equal(data["row"], row)
+    np.testing.assert_array_equal(data["patches"], row[2:].reshape(4, 4))
+    assert data["query_compatibility"] == trace.compatibilities[1, 1, 2, 1]
+    w = trace.attentions  # (K, L, B, U, H, N, N)
+    assert (w >= 0).all() and (w.sum(-1) <= 1 + 1e-5).all()
+    c = trace.compatibilities
+    # Eq. 6: W_ij = 0 where function u accepts neither token i (query) nor token j (key)
+    rejected_query = np.broadcast_to((c == 0)[:, None, :, :, None, :, None], w.shape)
+    rejected_key = np.broadcast_to((c == 0)[:, None, :, :, None, None, :], w.shape)
+    assert (w[rejected_query] == 0).all() and (w[rejected_key] == 0).all()
+
+
+def test_attention_data_on_rejected_tokens():
+    model = tiny_model(truncation_tau=0.6)
+    trace = vis.trace_routing(model, torch.randn(3, 3, 32, 32), output_attentions=True)
+    k, b, u, i = np.argwhere(trace.compatibilities == 0)[0]
+    data = vis.attention_data(trace, int(b), int(k), int(u), 0, token=int(i))
+    assert not data["row"].any() and data["query_compatibility"] == 0.0
+    with pytest.raises(ValueError, match="output_attentions"):
+        vis.attention_data(vis.trace_routing(model, torch.randn(1, 3, 32, 32)))
+
+
+def test_patch_inputs_are_drawn_as_images(model, pixels):
+    patches = torch.from_numpy(ni_hf.image_processing_neural_interpreter.patchify(pixels.numpy(), 8))
+    from_patches = vis.trace_routing(model, patches, TASK_IDS)
+    from_images = vis.trace_routing(model, pixels, TASK_IDS)
+    np.testing.assert_allclose(from_patches.images, from_images.images, atol=1e-6)
+    np.testing.assert_allclose(from_patches.compatibilities, from_images.compatibilities, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="the figures need the vis extra (matplotlib)"
+)
+
+
+def assert_drawn(png: bytes, min_size: tuple[int, int] = (200, 150)) -> np.ndarray:
+    image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    assert image.shape[1] >= min_size[0] and image.shape[0] >= min_size[1]
+    assert len(np.unique(image.reshape(-1, 3), axis=0)) > 20  # more than a blank canvas and some text
+    return image
+
+
+@needs_matplotlib
+def test_figures_render_headless_and_deterministically(model, pixels, trace):
+    figures = {
+        "path": lambda t: vis.plot_computational_path(t, 1),
+        "types": lambda t: vis.plot_type_space(t, LABELS, method="pca"),
+        "usage": lambda t: vis.plot_function_usage(vis.FunctionUsage.from_trace(t, LABELS)),
+        "attention": lambda t: vis.plot_attention(t, 0, 1, 2, 1),
+    }
+    again = vis.trace_routing(model, pixels, TASK_IDS, output_attentions=True)
+    for name, draw in figures.items():
+        first = png_of(draw(trace))
+        assert_drawn(first)
+        assert png_of(draw(again)) == first, name
+    path = assert_drawn(png_of(vis.plot_computational_path(trace, 1)))
+    # one row of panels per function iteration: the figure for 1 iteration is shorter
+    short = vis.trace_routing(model, pixels, TASK_IDS, num_function_iterations=1)
+    assert assert_drawn(png_of(vis.plot_computational_path(short, 1))).shape[0] < path.shape[0]
+    assert png_of(vis.plot_computational_path(trace, 0)) != png_of(vis.plot_computational_path(trace, 1))
+
+
+@needs_matplotlib
+def test_figure_to_image(trace):
+    image = vis.figure_to_image(vis.plot_computational_path(trace, 0))
+    assert image.mode == "RGB" and image.width > 300
+
+
+@needs_matplotlib
+def test_write_routing_card_assets(model, pixels, tmp_path):
+    result = vis.write_routing_card_assets(
+        model, pixels, TASK_IDS, tmp_path / "card", labels=torch.tensor(LABELS)
+    )
+    png, usage_json = (Path(p) for p in result["files"])
+    assert png.name == "routing_path.png" and png.parent == tmp_path / "card"
+    assert_drawn(png.read_bytes())
+    assert json.loads(usage_json.read_text()) == result["usage"]
+    trace = vis.trace_routing(model, pixels, TASK_IDS)
+    usage = vis.FunctionUsage.from_trace(trace, LABELS)
+    assert result["usage"] == usage.to_dict()
+    markdown = result["markdown"]
+    assert "![Computational path of one image](routing_path.png)" in markdown
+    assert usage.to_markdown() in markdown and "(true class 3)" in markdown
+    assert png.read_bytes() == png_of(vis.plot_computational_path(trace, 0))
+
+
+def test_core_package_and_data_need_no_matplotlib():
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "import torch, ni_hf\n"
+        "from ni_hf import visualization as vis\n"
+        "torch.manual_seed(0)\n"
+        "cfg = ni_hf.NeuralInterpreterConfig(hidden_size=16, code_dim=8, num_functions=2, num_attention_heads=1,"
+        " attention_head_size=4, type_inference_hidden_size=8, type_dim=4, patch_size=8, task_names=['a'])\n"
+        "m = ni_hf.NeuralInterpreterForImageClassification(cfg)\n"
+        "t = vis.trace_routing(m, torch.randn(2, 3, 32, 32))\n"
+        "print(vis.FunctionUsage.from_trace(t).to_markdown().splitlines()[0])\n"
+        "try:\n    vis.plot_computational_path(t)\nexcept ImportError:\n    print('no matplotlib')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.splitlines() == ["| | function 0 | function 1 | none |", "no matplotlib"]
+
+
+@needs_matplotlib
+def test_visualize_routing_script(model, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    model.save_pretrained(ckpt)
+    ni_hf.NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(ckpt)
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(3):
+        path = tmp_path / f"digit{i}.png"
+        Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(path)
+        images.append(str(path))
+    out = tmp_path / "out"
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "visualize_routing.py"), "--model", str(ckpt), "--images", *images,
+         "--task", "mnistm", "--output_dir", str(out), "--attention"],
+        check=True, timeout=600, capture_output=True, text=True,
+    )  # fmt: skip
+    numbers = json.loads((out / "routing.json").read_text())
+    assert [s["image"] for s in numbers["samples"]] == images
+    processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(ckpt)
+    batch = processor(images=[Image.open(p) for p in images], return_tensors="pt")
+    trace = vis.trace_routing(model, batch["pixel_values"], [1, 1, 1])
+    np.testing.assert_allclose(
+        numbers["samples"][2]["compatibilities"], trace.compatibilities[:, 2], atol=1e-6
+    )
+    assert numbers["samples"][0]["prediction"] == str(int(trace.predictions[0]))
+    assert numbers["usage"] == vis.FunctionUsage.from_trace(trace).to_dict()
+    for name in ("path_0.png", "path_2.png", "types.png", "usage.png", "attention_0.png"):
+        assert_drawn((out / name).read_bytes())
