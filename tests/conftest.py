@@ -1,7 +1,88 @@
-"""Shared test settings."""
+"""Shared test settings and the tiny-model tester (transformers' ModelTester pattern)."""
 
+import pytest
 import torch
+
+from ni_hf import (
+    NeuralInterpreterConfig,
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterForSetRegression,
+    NeuralInterpreterModel,
+)
 
 # Tiny test models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP threads that wait
 # for each other can make a millisecond op take seconds.
 torch.set_num_threads(1)
+
+
+class NeuralInterpreterModelTester:
+    """Tiny configs and `create_and_check_*` methods, as in transformers' test suite."""
+
+    def __init__(self, batch_size: int = 3, **overrides) -> None:
+        self.batch_size = batch_size
+        self.settings = dict(
+            hidden_size=16,
+            code_dim=8,
+            num_scripts=2,
+            num_function_iterations=[2, 1],
+            num_loc_layers=2,
+            num_functions=3,
+            num_attention_heads=2,
+            attention_head_size=4,
+            type_inference_hidden_size=12,
+            type_dim=6,
+            truncation_tau=1.4,
+            image_size=8,
+            patch_size=2,
+            num_channels=3,
+            task_names=["a", "b"],
+            num_labels=5,
+        )
+        self.settings.update(overrides)
+
+    def get_config(self, **overrides) -> NeuralInterpreterConfig:
+        return NeuralInterpreterConfig(**{**self.settings, **overrides})
+
+    def prepare_inputs(self, config: NeuralInterpreterConfig) -> dict[str, torch.Tensor]:
+        b = self.batch_size
+        return {
+            "pixel_values": torch.randn(b, config.num_patches, config.patch_dim),
+            "task_ids": torch.arange(b) % config.num_tasks,
+            "labels": torch.arange(b) % config.num_labels,
+        }
+
+    def set_size(self, config: NeuralInterpreterConfig) -> int:
+        return config.num_task_tokens + config.num_patches
+
+    def create_and_check_model(self, config: NeuralInterpreterConfig) -> None:
+        model = NeuralInterpreterModel(config).eval()
+        inputs = self.prepare_inputs(config)
+        out = model(pixel_values=inputs["pixel_values"], output_hidden_states=True, output_routing=True)
+        n = self.set_size(config)
+        assert out.last_hidden_state.shape == (self.batch_size, n, config.hidden_size)
+        assert out.pooler_output.shape == (self.batch_size, config.num_tasks, config.hidden_size)
+        iterations = sum(config.iterations_per_script)
+        assert len(out.hidden_states) == iterations + 1
+        assert len(out.compatibilities) == iterations
+        assert out.compatibilities[0].shape == (self.batch_size, config.num_functions, n)
+        assert out.types[0].shape == (self.batch_size, n, config.type_dim)
+
+    def create_and_check_for_image_classification(self, config: NeuralInterpreterConfig) -> None:
+        model = NeuralInterpreterForImageClassification(config).eval()
+        out = model(**self.prepare_inputs(config))
+        assert out.logits.shape == (self.batch_size, config.num_labels)
+        assert out.loss.ndim == 0 and torch.isfinite(out.loss)
+
+    def create_and_check_for_set_regression(self, config: NeuralInterpreterConfig) -> None:
+        model = NeuralInterpreterForSetRegression(config).eval()
+        x = torch.rand(self.batch_size, config.num_input_variables)
+        y = torch.rand(self.batch_size, config.num_tasks)
+        out = model(inputs=x, labels=y)
+        assert out.predictions.shape == (self.batch_size, config.num_tasks)
+        assert torch.isfinite(out.loss)
+
+
+@pytest.fixture
+def tester() -> NeuralInterpreterModelTester:
+    torch.manual_seed(0)
+    return NeuralInterpreterModelTester()

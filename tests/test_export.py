@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_modeling_neural_interpreter import NeuralInterpreterModelTester
+from conftest import NeuralInterpreterModelTester
 from torch.export import Dim
 
 from ni_hf import (

@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
-from ni_hf.modeling_neural_interpreter import bilinear_attention_pays
+from ni_hf import ALL_ATTENTION_FUNCTIONS, NeuralInterpreterConfig, NeuralInterpreterForSetRegression
+from ni_hf.fast_attention import bilinear_attention_pays
 
 
 def _ln(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -153,7 +153,7 @@ def _model(name: str, implementation: str) -> NeuralInterpreterForSetRegression:
     return model
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("implementation", sorted(ALL_ATTENTION_FUNCTIONS))
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 def test_model_equals_reference_layout_in_value_and_gradient(
@@ -186,7 +186,7 @@ def test_model_equals_reference_layout_in_value_and_gradient(
 
 
 def test_the_second_config_takes_the_bilinear_form_on_cpu() -> None:
-    """Guards the coverage claim above: the narrow config's first LOC uses `modulated_attention_bilinear`."""
+    """Guards the coverage claim above: the narrow config's first LOC uses the fast path's `BilinearAttention`."""
     c = CONFIGS["two_heads_two_locs_bilinear"]
     n = len(c["task_names"]) + c["num_input_variables"]
     assert bilinear_attention_pays(c["hidden_size"], c["attention_head_size"], n)

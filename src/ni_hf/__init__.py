@@ -10,6 +10,7 @@ from transformers import (
     AutoModelForImageClassification,
 )
 
+from . import fast_attention  # noqa: F401  (registers attn_implementation="fast")
 from .configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
 from .configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterConfig, vit_baseline_config
 from .image_processing_neural_interpreter import (
@@ -22,6 +23,8 @@ from .modeling_multitask_vit import (
     MultiTaskViTPreTrainedModel,
 )
 from .modeling_neural_interpreter import (
+    ALL_ATTENTION_FUNCTIONS,
+    NeuralInterpreterAttentionInterface,
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterImageClassifierOutput,
@@ -29,8 +32,6 @@ from .modeling_neural_interpreter import (
     NeuralInterpreterModelOutput,
     NeuralInterpreterPreTrainedModel,
     NeuralInterpreterSetRegressionOutput,
-    release_workspace,
-    set_eager_formulation,
 )
 
 __version__ = "0.1.0"
@@ -79,6 +80,8 @@ MultiTaskViTModel.register_for_auto_class("AutoModel")
 MultiTaskViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
 
 __all__ = [
+    "ALL_ATTENTION_FUNCTIONS",
+    "NeuralInterpreterAttentionInterface",
     "MULTITASK_VIT_PRESETS",
     "PAPER_PRESETS",
     "MultiTaskViTConfig",
@@ -95,7 +98,5 @@ __all__ = [
     "NeuralInterpreterModelOutput",
     "NeuralInterpreterPreTrainedModel",
     "NeuralInterpreterSetRegressionOutput",
-    "release_workspace",
-    "set_eager_formulation",
     "vit_baseline_config",
 ]
