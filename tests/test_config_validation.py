@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -274,8 +275,8 @@ def test_float_settings_accept_ints_and_floats():
         NeuralInterpreterConfig,
         truncation_tau=1,
         sigma_init=2,
-        kernel_eps=0,
-        attention_eps=0.0,
+        kernel_eps=1,
+        attention_eps=1e-7,
         input_position_embedding_std=1,
         hidden_dropout_prob=0,
         attention_probs_dropout_prob=0.1,
@@ -299,11 +300,19 @@ def test_initializer_range_must_be_none_or_positive(value):
 
 
 @pytest.mark.parametrize(
-    "name, value", [("kernel_eps", -1e-6), ("attention_eps", -1.0), ("input_position_embedding_std", -1)]
+    "name, value",
+    [("kernel_eps", -1e-6), ("kernel_eps", 0), ("attention_eps", -1.0), ("attention_eps", 0.0)],
 )
-def test_epsilons_and_position_std_must_not_be_negative(name, value):
-    with pytest.raises(ValueError, match=rf"`{name}` must be >= 0, got {value!r}"):
+def test_epsilons_must_be_positive(name, value):
+    """Eqs. 4 and 6 divide by eps + a sum that is 0 when every weight is truncated: eps = 0 gives NaN."""
+    with pytest.raises(ValueError, match=rf"`{name}` must be > 0, got {value!r}"):
         tiny(NeuralInterpreterConfig, **{name: value})
+
+
+def test_position_std_must_not_be_negative():
+    with pytest.raises(ValueError, match=r"`input_position_embedding_std` must be >= 0, got -1"):
+        tiny(NeuralInterpreterConfig, input_position_embedding_std=-1)
+    assert tiny(NeuralInterpreterConfig, input_position_embedding_std=0).input_position_embedding_std == 0
 
 
 @pytest.mark.parametrize("name", BOOL_FIELDS)
@@ -372,7 +381,7 @@ def test_a_saved_config_with_every_setting_changed_loads_back(tmp_path):
         **{**NI_SETTINGS, "num_scripts": 2, "num_function_iterations": [2, 1]},
         truncation_tau=1,
         sigma_init=0.5,
-        kernel_eps=0,
+        kernel_eps=1e-4,
         attention_eps=1e-5,
         straight_through=True,
         outer_residual=True,
@@ -472,3 +481,104 @@ def test_a_neural_interpreter_config_changed_in_place_is_refused_by_validate_and
     with pytest.raises(ValueError, match=r"`num_functions` must be a positive integer, got 0"):
         config.save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()
+
+
+# --- unknown keys and label counts (issue 57, item 3) --------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint_687f283"
+# Keys that config.json files written by transformers 4.x hold besides a model's own settings.
+TRANSFORMERS_4_KEYS = {
+    "torch_dtype": "float32",
+    "transformers_version": "4.46.0",
+    "_name_or_path": "some/model",
+    "architectures": ["SomeModel"],
+    "tie_word_embeddings": True,
+    "torchscript": False,
+    "use_bfloat16": False,
+    "pruned_heads": {},
+    "is_decoder": False,
+    "add_cross_attention": False,
+    "tokenizer_class": None,
+    "pad_token_id": None,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "task_specific_params": None,
+    "finetuning_task": None,
+    "max_length": 20,
+    "num_beams": 1,
+    "use_cache": True,
+    "return_dict": True,
+    "output_hidden_states": False,
+    "output_attentions": False,
+    "chunk_size_feed_forward": 0,
+    "problem_type": None,
+}
+
+
+@BOTH
+@pytest.mark.parametrize(
+    "key, suggestion", [("hiden_size", "hidden_size"), ("num_attention_head", "num_attention_heads")]
+)
+def test_a_misspelt_setting_is_refused_with_the_closest_name(config_class, key, suggestion):
+    with pytest.raises(TypeError, match=rf"unknown setting.*'{key}' \(did you mean '{suggestion}'\?\)"):
+        tiny(config_class, **{key: 32})
+
+
+@BOTH
+def test_an_unknown_setting_without_a_close_name_lists_the_settings(config_class):
+    with pytest.raises(
+        TypeError, match=r"unknown setting.*'zzz_qqq'\. Its (own )?settings are \[.*'hidden_size'"
+    ):
+        tiny(config_class, zzz_qqq=1)
+
+
+@BOTH
+def test_keys_that_transformers_writes_in_config_files_still_load(config_class, tmp_path):
+    config = tiny(config_class)
+    loaded = config_class.from_dict({**config.to_dict(), **TRANSFORMERS_4_KEYS})
+    assert loaded.hidden_size == config.hidden_size and loaded.task_names == TASKS
+    assert config_class(**config.to_dict()).to_dict() == config.to_dict()
+    config.save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "auto_map": {"AutoConfig": "x.Y"}}))
+    assert config_class.from_pretrained(tmp_path).auto_map == {"AutoConfig": "x.Y"}
+
+
+@BOTH
+def test_a_config_file_with_a_misspelt_key_is_refused_naming_it(config_class, tmp_path):
+    tiny(config_class).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    settings = json.loads(path.read_text())
+    settings["hiden_size"] = settings.pop("hidden_size")
+    path.write_text(json.dumps(settings))
+    with pytest.raises(TypeError, match=r"'hiden_size' \(did you mean 'hidden_size'\?\)"):
+        config_class.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["image_classifier", "set_regression"])
+def test_the_checkpoint_fixtures_configs_still_load(name):
+    config = NeuralInterpreterConfig.from_pretrained(FIXTURES / name)
+    assert config.architectures and config.auto_map
+
+
+@BOTH
+@pytest.mark.parametrize("value", [0, -1, 2.5, True])
+def test_num_labels_must_be_a_positive_integer(config_class, value):
+    with pytest.raises(ValueError, match=rf"`num_labels` must be a positive integer.*got {value!r}"):
+        tiny(config_class, num_labels=value)
+
+
+@BOTH
+def test_num_labels_set_to_zero_in_place_is_refused_by_validate(config_class):
+    config = tiny(config_class)
+    config.num_labels = 0
+    validate = config.validate_tasks if config_class is MultiTaskViTConfig else config.validate
+    with pytest.raises(ValueError, match=r"`num_labels` must be a positive integer.*got 0"):
+        validate()
+
+
+def test_both_configs_know_the_same_transformers_keys():
+    """The ViT config module keeps a copy (it may not import the Neural Interpreter's)."""
+    from ni_hf.configuration_neural_interpreter import PRETRAINED_CONFIG_KEYS
+
+    assert configuration_multitask_vit._PRETRAINED_CONFIG_KEYS == PRETRAINED_CONFIG_KEYS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -323,3 +324,129 @@ def test_data_dir_alone_means_local_data_in_the_library_too(tmp_path) -> None:
         load_digits_tasks(["mnist"], data_dir=str(tmp_path))
     with pytest.raises(ValueError, match="empty string"):
         resolve_dataset_source("", None)
+
+
+# --------------------------------------------------------------------------- bad data (issue 57, items 1, 8, 9)
+
+
+def _image_folders(root: Path, layout: dict[str, dict[str, int]], size: int = 28) -> Path:
+    """Write <root>/kmnist/<split>/<folder>/<k>.png, `count` images per folder, pixel value = 10 * folder index."""
+    for split, folders in layout.items():
+        for position, (folder, count) in enumerate(sorted(folders.items())):
+            path = root / "kmnist" / split / folder
+            path.mkdir(parents=True)
+            for k in range(count):
+                PILImage.fromarray(np.full((size, size), 10 * position + k, dtype=np.uint8)).save(
+                    path / f"{k}.png"
+                )
+    return root
+
+
+@pytest.fixture
+def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
+
+
+@pytest.mark.parametrize("name", ["seven", "07x", "10", "-1"])
+def test_image_folders_not_named_by_a_digit_are_refused_naming_them(
+    tmp_path: Path, hf_cache, name: str
+) -> None:
+    """`train/seven` next to `train/8` would shift 8 -> 7 and 9 -> 8 silently: the folder is named instead."""
+    root = _image_folders(tmp_path / "data", {"train": {"3": 1, name: 1, "8": 1}, "test": {"3": 1}})
+    bad = str(root / "kmnist" / "train" / name)
+    with pytest.raises(ValueError, match=rf"named by their digit label.*{re.escape(repr(bad))}"):
+        load_digits_tasks(["kmnist"], source="local", data_dir=root)
+
+
+def test_image_folder_labels_are_the_digits_their_names_spell_in_every_split(
+    tmp_path: Path, hf_cache
+) -> None:
+    """Splits with different sets of class folders give each folder the same label."""
+    layout = {"train": {"0": 2, "4": 2, "8": 2, "9": 2}, "test": {"8": 2, "9": 1}}
+    dd, _ = load_digits_tasks(["kmnist"], source="local", data_dir=_image_folders(tmp_path / "data", layout))
+    assert sorted(dd["train"]["label"][:]) == [0, 0, 4, 4, 8, 8, 9, 9]
+    assert sorted(dd["test"]["label"][:]) == [8, 8, 9]
+    # Pixel 10 * (folder position) + k follows the label: folder "8" is the first of the test split.
+    for row in dd["test"]:
+        position = int(np.asarray(row["image"])[0, 0]) // 10
+        assert row["label"] == {0: 8, 1: 9}[position]
+
+
+def _truncated_png(path: Path) -> None:
+    noise = np.random.default_rng(0).integers(0, 256, size=(64, 64), dtype=np.uint8)
+    PILImage.fromarray(noise).save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * 0.7)])
+
+
+def test_bad_images_in_image_folders_are_named_or_skipped(
+    tmp_path: Path, hf_cache, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = _image_folders(tmp_path / "data", {"train": {"1": 3, "2": 3}, "test": {"1": 2}})
+    garbage = root / "kmnist" / "train" / "1" / "garbage.png"
+    garbage.write_bytes(b"not an image at all")
+    truncated = root / "kmnist" / "train" / "2" / "truncated.png"
+    _truncated_png(truncated)
+    with pytest.raises(ValueError, match=r"2 of the 8 images of the train split of task 'kmnist'") as caught:
+        load_digits_tasks(["kmnist"], source="local", data_dir=root)
+    assert str(garbage) in str(caught.value) and str(truncated) in str(caught.value)
+    assert "skip_bad_images=True" in str(caught.value) and "--skip_bad_images" in str(caught.value)
+    with caplog.at_level("WARNING", logger="ni_hf.digits_data"):
+        dd, _ = load_digits_tasks(["kmnist"], source="local", data_dir=root, skip_bad_images=True)
+    assert dd["train"].num_rows == 6 and sorted(dd["train"]["label"][:]) == [1, 1, 1, 2, 2, 2]
+    assert "Skipped 2 of the 8 images" in caplog.text and str(truncated) in caplog.text
+    for row in dd["train"]:  # every kept image decodes
+        assert row["image"].size == (28, 28)
+
+
+def test_bad_images_in_parquet_files_are_named_by_file_and_row(tmp_path: Path, caplog) -> None:
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "data"
+    _write_parquet(root / "mnist" / "train.parquet", [i % 10 for i in range(6)], 28, "L")
+    _write_parquet(root / "mnist" / "test.parquet", [1, 2], 28, "L")
+    path = root / "mnist" / "train.parquet"
+    table = pq.read_table(path)
+    images = table.column("image").to_pylist()
+    images[4] = {"bytes": images[4]["bytes"][:40], "path": None}
+    pq.write_table(table.set_column(0, "image", pa_array(images, table.schema.field("image").type)), path)
+    with pytest.raises(
+        ValueError, match=rf"(?s)1 of the 6 images.*{re.escape(str(path))} \(row 4\): not an image"
+    ):
+        load_digits_tasks(["mnist"], source="local", data_dir=root)
+    with caplog.at_level("WARNING", logger="ni_hf.digits_data"):
+        dd, _ = load_digits_tasks(["mnist"], source="local", data_dir=root, skip_bad_images=True, seed=1)
+    assert sorted(dd["train"]["label"][:]) == [0, 1, 2, 3, 5]
+    assert f"{path} (row 4)" in caplog.text
+
+
+def test_bad_image_rows_are_named_by_their_file_row_after_sampling(tmp_path: Path, caplog) -> None:
+    """Odd rows are bad: of 10 rows sampled from 20, the kept ones are the even rows, the named ones the odd."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "data"
+    _write_parquet(root / "mnist" / "train.parquet", [i % 10 for i in range(20)], 28, "L")
+    _write_parquet(root / "mnist" / "test.parquet", [1], 28, "L")
+    path = root / "mnist" / "train.parquet"
+    table = pq.read_table(path)
+    images = [
+        image if row % 2 == 0 else {"bytes": b"junk", "path": None}
+        for row, image in enumerate(table.column("image").to_pylist())
+    ]
+    pq.write_table(table.set_column(0, "image", pa_array(images, table.schema.field("image").type)), path)
+    with caplog.at_level("WARNING", logger="ni_hf.digits_data"):
+        dd, _ = load_digits_tasks(
+            ["mnist"], source="local", data_dir=root, max_train_samples=10, skip_bad_images=True
+        )
+    named = [int(row) for row in re.findall(r"\(row (\d+)\)", caplog.text)]
+    kept = _pixel_ids(dd["train"])
+    assert named and all(row % 2 == 1 for row in named) and all(row % 2 == 0 for row in kept)
+    assert len(named) + len(kept) == 10 and len(set(named) | set(kept)) == 10
+
+
+def pa_array(values: list, type_) -> object:
+    import pyarrow as pa
+
+    return pa.array(values, type=type_)

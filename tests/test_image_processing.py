@@ -352,12 +352,8 @@ def test_remote_code_load_in_fresh_process(tmp_path: Path, monkeypatch: pytest.M
     [
         ([], "empty list"),
         ((), "empty list"),
-        (np.zeros((32, 32, 4), np.uint8), "4-channel.*PIL image in mode 'RGBA'.*drop the alpha"),
-        (np.zeros((4, 32, 32), np.float32), "4-channel"),
-        (torch.zeros(32, 32, 4), "4-channel"),
-        ([RGB32, np.zeros((32, 32, 4), np.uint8)], "4-channel"),
-        (np.zeros((32, 32, 2), np.uint8), "expected 1 \\(gray\\) or 3 \\(RGB\\) channels"),
-        (torch.zeros(5, 32, 32), "expected 1 \\(gray\\) or 3 \\(RGB\\) channels"),
+        (np.zeros((32, 32, 2), np.uint8), "expected 1 \\(gray\\), 3 \\(RGB\\) or 4 \\(RGBA\\) channels"),
+        (torch.zeros(5, 32, 32), "expected 1 \\(gray\\), 3 \\(RGB\\) or 4 \\(RGBA\\) channels"),
         (np.zeros(32, np.uint8), "rank 2 \\(H, W\\) or 3"),
         (torch.zeros(1, 1, 3, 32, 32), "rank 2 \\(H, W\\) or 3"),
         ([np.zeros(32, np.uint8)], "rank 2 \\(H, W\\) or 3"),
@@ -517,7 +513,7 @@ def test_torchvision_processor_upsamples_digits_exactly_as_pil() -> None:
 @pytest.mark.parametrize(
     "images,error",
     [
-        (np.zeros((32, 32, 4), np.uint8), ValueError),
+        (np.zeros((32, 32, 2), np.uint8), ValueError),
         (torch.zeros(5, 32, 32), ValueError),
         (torch.zeros(1, 1, 3, 32, 32), ValueError),
         ([RGB32, 3], ValueError),
@@ -558,3 +554,92 @@ def test_torchvision_processor_works_on_the_gpu() -> None:
     assert on_gpu.device.type == "cuda"
     on_cpu = processor(images, return_tensors="pt")["pixel_values"]
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=0, atol=ONE_GREY_LEVEL * 1.001)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# High bit depths, RGBA arrays and do_convert_rgb=False (issue 57, items 2 and 13)
+# ----------------------------------------------------------------------------------------------------------
+
+PLAIN = {"do_patchify": False, "do_normalize": False, "return_tensors": "np"}  # (C, H, W) in [0, 1]
+GRADIENT_12_BIT = (np.arange(32 * 32).reshape(32, 32) * 4).astype(np.uint16)  # 0..4092
+
+
+def pil_image(array: np.ndarray, mode: str) -> PIL.Image.Image:
+    """A PIL image of a high-depth mode ("I;16", "I" or "F") holding `array`."""
+    if mode == "I;16":
+        return PIL.Image.frombytes("I;16", array.shape[::-1], array.astype("<u2").tobytes())
+    return PIL.Image.fromarray(array.astype(np.int32 if mode == "I" else np.float32))
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I"])
+def test_sixteen_bit_pil_images_are_scaled_by_their_bit_depth_not_clipped(processor, mode: str) -> None:
+    """A 12-bit gradient in a 16-bit image keeps its gradient (PIL's RGB conversion turned 91% of it white)."""
+    image = pil_image(GRADIENT_12_BIT, mode)
+    assert image.mode == mode
+    out = processor(image, **PLAIN)["pixel_values"][0]
+    assert out.shape == (3, 32, 32)
+    np.testing.assert_allclose(out[0], GRADIENT_12_BIT / 4095, atol=1e-6)
+    assert (out >= 0.999).mean() < 0.01
+
+
+def test_sixteen_bit_pil_image_of_8_bit_values_reads_as_8_bit(processor) -> None:
+    image = pil_image(GRAY32.astype(np.uint16), "I;16")
+    expected = processor(PIL.Image.fromarray(GRAY32), **PLAIN)["pixel_values"]
+    np.testing.assert_allclose(processor(image, **PLAIN)["pixel_values"], expected, atol=1e-6)
+
+
+def test_full_16_bit_range_maps_to_the_full_8_bit_range(processor) -> None:
+    array = np.zeros((32, 32), np.uint16)
+    array[:, 16:] = 65535
+    out = processor(pil_image(array, "I;16"), **PLAIN)["pixel_values"][0]
+    assert out.min() == 0.0 and out.max() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("high", [1.0, 255.0])
+def test_float_pil_images_stay_continuous(processor, high: float) -> None:
+    """A mode "F" image in [0, 1] (or 0..255) keeps its 1024 levels (PIL's RGB conversion left two)."""
+    values = np.arange(32 * 32).reshape(32, 32) / 1023 * high
+    out = processor(pil_image(values, "F"), **PLAIN)["pixel_values"][0]
+    assert len(np.unique(out[0].round(6))) == 1024
+    np.testing.assert_allclose(out[1], values / high, atol=1e-6)
+
+
+def test_high_depth_pil_images_keep_one_channel_without_convert_rgb(processor) -> None:
+    out = processor(pil_image(GRADIENT_12_BIT, "I;16"), do_convert_rgb=False, **PLAIN)["pixel_values"][0]
+    np.testing.assert_allclose(out, (GRADIENT_12_BIT / 4095)[None], atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["hwc", "chw"])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_rgba_arrays_are_composited_onto_white_like_transformers(processor, layout: str, kind: str) -> None:
+    """4-channel arrays get transformers' RGB conversion, as a PIL image in mode RGBA does."""
+    rgba = RNG.integers(0, 256, size=(32, 32, 4), dtype=np.uint8)
+    image = rgba if layout == "hwc" else rgba.transpose(2, 0, 1)
+    image = torch.from_numpy(np.ascontiguousarray(image)) if kind == "torch" else image
+    expected = processor(PIL.Image.fromarray(rgba, "RGBA"), **PLAIN)["pixel_values"]
+    np.testing.assert_allclose(processor(image, **PLAIN)["pixel_values"], expected, atol=1 / 255 + 1e-6)
+
+
+def test_float_rgba_arrays_are_composited_on_their_own_scale(processor) -> None:
+    rgba = RNG.integers(0, 256, size=(32, 32, 4), dtype=np.uint8)
+    expected = processor(rgba, **PLAIN)["pixel_values"]
+    as_255 = processor(rgba.astype(np.float32), **PLAIN)["pixel_values"]
+    as_unit = processor(rgba.astype(np.float32) / 255, do_rescale=False, **PLAIN)["pixel_values"]
+    np.testing.assert_allclose(as_255, expected, atol=1 / 255 + 1e-6)
+    np.testing.assert_allclose(as_unit, expected, atol=1 / 255 + 1e-6)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("kind", ["numpy", "torch", "pil"])
+def test_do_convert_rgb_false_keeps_the_channels(processor, channels: int, kind: str) -> None:
+    """As transformers' processors do: no conversion, the image's own channels (patch_dim = p * p * C)."""
+    array = RNG.integers(0, 256, size=(32, 32, channels), dtype=np.uint8)
+    if kind == "pil":
+        image = PIL.Image.fromarray(array[..., 0] if channels == 1 else array)
+    else:
+        image = torch.from_numpy(array) if kind == "torch" else array
+    stats = {"image_mean": [0.5] * channels, "image_std": [0.5] * channels}
+    out = processor(image, do_convert_rgb=False, return_tensors="np", **stats)["pixel_values"]
+    assert out.shape == (1, 64, 4 * 4 * channels)
+    plain = processor(image, do_convert_rgb=False, **PLAIN, **stats)["pixel_values"][0]
+    np.testing.assert_allclose(plain, array.transpose(2, 0, 1) / 255, atol=1e-6)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from transformers import ViTConfig
+from transformers import PretrainedConfig, ViTConfig
 
 # The paper's digits ViT baseline (appendix, Figure 4a): 8 pre-norm layers, d = 192, 3 heads of 64, MLP 192, 4x4
 # patches of 32x32 RGB images, one CLS token and head per pre-training dataset. The reference's transformer
@@ -56,6 +59,77 @@ def _validate_task_names(task_names: Any) -> list[str]:
     return [str(name) for name in names]
 
 
+# A copy of `configuration_neural_interpreter.PRETRAINED_CONFIG_KEYS` (this module may not import that one): keys a
+# config.json written by transformers 4.x or 5.x may hold besides the dataclass fields of `PretrainedConfig`.
+_PRETRAINED_CONFIG_KEYS = frozenset(
+    {
+        "model_type",
+        "auto_map",
+        "custom_pipelines",
+        "quantization_config",
+        "torch_dtype",
+        "num_labels",
+        "name_or_path",
+        "output_attentions",
+        "attn_implementation",
+        "experts_implementation",
+        "per_layer_config",
+        "tie_last_hidden_states",
+        "rope_scaling",
+        "rope_theta",
+        "rope_parameters",
+        "use_return_dict",
+        "torchscript",
+        "use_bfloat16",
+        "tf_legacy_loss",
+        "pruned_heads",
+        "tie_word_embeddings",
+        "is_decoder",
+        "cross_attention_hidden_size",
+        "add_cross_attention",
+        "tie_encoder_decoder",
+        "finetuning_task",
+        "tokenizer_class",
+        "prefix",
+        "bos_token_id",
+        "pad_token_id",
+        "eos_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "task_specific_params",
+    }
+)
+
+
+@functools.cache
+def _pretrained_config_keys() -> frozenset[str]:
+    """Every key `PretrainedConfig` accepts: its fields, _PRETRAINED_CONFIG_KEYS and the generation settings."""
+    keys = set(_PRETRAINED_CONFIG_KEYS) | {field.name for field in dataclasses.fields(PretrainedConfig)}
+    try:
+        from transformers import GenerationConfig
+
+        # Old config.json files hold generation settings, which PretrainedConfig drops.
+        keys |= set(GenerationConfig._get_default_generation_params())
+    except (ImportError, AttributeError):  # a private helper, absent from some transformers versions
+        pass
+    return frozenset(keys)
+
+
+def _check_extra_keys(config_class: type, extra: dict[str, Any]) -> None:
+    """Refuse keyword arguments that are neither the config's fields nor `PretrainedConfig`'s known keys."""
+    own = {field.name for field in dataclasses.fields(config_class)}
+    known = own | _pretrained_config_keys()
+    unknown = [key for key in extra if not key.startswith("_") and key not in known]
+    if not unknown:
+        return
+    closest = {key: difflib.get_close_matches(key, sorted(known), n=1) for key in unknown}
+    named = ", ".join(
+        f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key) for key, close in closest.items()
+    )
+    listed = "" if all(closest.values()) else f" Its settings are {sorted(own)}."
+    raise TypeError(f"{config_class.__name__} got unknown setting(s) {named}.{listed}")
+
+
 @strict
 class MultiTaskViTConfig(ViTConfig):
     r"""A `ViTConfig` with one learned CLS token and one LayerNorm + Linear head per task.
@@ -72,6 +146,14 @@ class MultiTaskViTConfig(ViTConfig):
     default_task: int = 0
 
     def __post_init__(self, **kwargs: Any) -> None:
+        _check_extra_keys(type(self), kwargs)
+        num_labels = kwargs.get("num_labels")
+        if num_labels is not None and (
+            isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1
+        ):
+            raise ValueError(
+                f"`num_labels` must be a positive integer (one logit per class), got {num_labels!r}."
+            )
         self.task_names = (
             _validate_task_names(self.task_names) if self.task_names is not None else ["default"]
         )
@@ -130,6 +212,12 @@ class MultiTaskViTConfig(ViTConfig):
     def validate_tasks(self) -> None:
         """Raise a ValueError naming what was expected for inconsistent task settings or geometry."""
         _validate_task_names(self.task_names)
+        # `num_labels = n` sets id2label; n <= 0 leaves it empty, and the heads would give empty logits.
+        if not self.id2label:
+            raise ValueError(
+                f"`num_labels` must be a positive integer (one logit per class), got {self.num_labels!r} "
+                f"(id2label={self.id2label!r})."
+            )
         if not isinstance(self.default_task, int) or isinstance(self.default_task, bool):
             raise ValueError(
                 f"`default_task` must be an integer index of `task_names`, got {self.default_task!r}."

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import inspect
 import json
 import math
@@ -99,6 +101,97 @@ PAPER_PRESETS: dict[str, dict[str, Any]] = {
         use_relative_positional_bias=False,
     ),
 }
+
+
+# Keys a config.json written by transformers (4.x or 5.x) may hold besides the dataclass fields of
+# `PretrainedConfig`: what its `__post_init__` pops or sets, what `to_dict` adds, and the common attributes that
+# transformers 4 saved in every config. Generation settings are added from `GenerationConfig` below.
+PRETRAINED_CONFIG_KEYS = frozenset(
+    {
+        "model_type",
+        "auto_map",
+        "custom_pipelines",
+        "quantization_config",
+        "torch_dtype",
+        "num_labels",
+        "name_or_path",
+        "output_attentions",
+        "attn_implementation",
+        "experts_implementation",
+        "per_layer_config",
+        "tie_last_hidden_states",
+        "rope_scaling",
+        "rope_theta",
+        "rope_parameters",
+        "use_return_dict",
+        "torchscript",
+        "use_bfloat16",
+        "tf_legacy_loss",
+        "pruned_heads",
+        "tie_word_embeddings",
+        "is_decoder",
+        "cross_attention_hidden_size",
+        "add_cross_attention",
+        "tie_encoder_decoder",
+        "finetuning_task",
+        "tokenizer_class",
+        "prefix",
+        "bos_token_id",
+        "pad_token_id",
+        "eos_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "task_specific_params",
+    }
+)
+
+
+@functools.cache
+def _pretrained_config_keys() -> frozenset[str]:
+    """Every key `PretrainedConfig` accepts: its fields, PRETRAINED_CONFIG_KEYS and the generation settings."""
+    keys = set(PRETRAINED_CONFIG_KEYS) | {field.name for field in dataclasses.fields(PretrainedConfig)}
+    try:
+        from transformers import GenerationConfig
+
+        # Old config.json files hold generation settings, which PretrainedConfig drops.
+        keys |= set(GenerationConfig._get_default_generation_params())
+    except (ImportError, AttributeError):  # a private helper, absent from some transformers versions
+        pass
+    return frozenset(keys)
+
+
+def check_num_labels(num_labels: Any) -> None:
+    """Refuse a `num_labels` given as anything but a positive integer (None: not given)."""
+    if num_labels is not None and not _is_positive_int(num_labels):
+        raise ValueError(
+            f"`num_labels` must be a positive integer (one logit per class, 1 for regression), got {num_labels!r}."
+        )
+
+
+def init_settings(config_class: type) -> set[str]:
+    """The named keyword arguments of a config class's `__init__`."""
+    parameters = inspect.signature(config_class.__init__).parameters.values()
+    return {p.name for p in parameters if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
+
+
+def check_config_keys(config_class: type, own_keys: Iterable[str], kwargs: Iterable[str]) -> None:
+    """Refuse keyword arguments that are neither the config's own settings nor `PretrainedConfig`'s.
+
+    Keys starting with "_" (transformers' private state) pass; a misspelt key is named with the closest setting.
+    """
+    own = set(own_keys)
+    known = own | _pretrained_config_keys()
+    unknown = [key for key in kwargs if not key.startswith("_") and key not in known]
+    if not unknown:
+        return
+    closest = {key: difflib.get_close_matches(key, sorted(known), n=1) for key in unknown}
+    named = ", ".join(
+        f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key) for key, close in closest.items()
+    )
+    listed = (
+        "" if all(closest.values()) else f" Its own settings are {sorted(own)}, besides PretrainedConfig's."
+    )
+    raise TypeError(f"{config_class.__name__} got unknown setting(s) {named}.{listed}")
 
 
 # Label names that `from_paper` gives a preset unless the caller sets the labels (kept out of PAPER_PRESETS,
@@ -278,6 +371,8 @@ class NeuralInterpreterConfig(PretrainedConfig):
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
+        check_config_keys(type(self), init_settings(type(self)), kwargs)
+        check_num_labels(kwargs.get("num_labels"))
         super().__init__(**kwargs)
         self.validate_neural_interpreter()
 
@@ -397,9 +492,20 @@ class NeuralInterpreterConfig(PretrainedConfig):
             )
         if self.sigma_init <= 0:
             raise ValueError(f"`sigma_init` must be > 0, got {self.sigma_init}.")
-        for name in ("kernel_eps", "attention_eps", "input_position_embedding_std"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)!r}.")
+        # Eqs. 4 and 6 divide by eps + a sum that is 0 where every weight is truncated: eps = 0 gives 0/0 = NaN.
+        for name in ("kernel_eps", "attention_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}.")
+        if self.input_position_embedding_std < 0:
+            raise ValueError(
+                f"`input_position_embedding_std` must be >= 0, got {self.input_position_embedding_std!r}."
+            )
+        # `num_labels = n` sets id2label; n <= 0 leaves it empty, and the heads would give empty logits.
+        if not self.id2label:
+            raise ValueError(
+                "`num_labels` must be a positive integer (one logit per class, 1 for regression), got "
+                f"{self.num_labels!r} (id2label={self.id2label!r})."
+            )
         # LayerNorm divides by sqrt(var + eps): NaN wherever var < -eps, and 1/0 on constant inputs at eps = 0.
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps!r}.")

@@ -45,7 +45,12 @@ Three sources:
     (``imagefolder`` builder). Folder names: see :data:`LOCAL_FOLDER_NAMES`
     (``mnistm`` is looked up as ``mnist_m`` first); any other task name is used as the
     folder name itself. Parquet files are read with ``pyarrow`` straight into memory (no
-    cache files; MNIST-M's 118 MB train file takes about a second).
+    cache files; MNIST-M's 118 MB train file takes about a second). Image folders must be named
+    by their digit, ``0``..``9``: that digit is the label, in every split (a folder named
+    otherwise is refused, with its path). Every local image is decoded once when loaded (in
+    threads, with a progress bar); files that cannot be decoded are named and refused, or with
+    ``skip_bad_images=True`` left out with a warning that counts and names them. A split without
+    rows, or ``max_*_samples=0``, is refused naming the split.
 
 ``"sklearn"``
     scikit-learn's bundled 8x8 digits (1797 images, gray levels 0..16 rescaled to
@@ -64,11 +69,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
+import logging
+import os
+import re
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+import PIL.Image
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import (
@@ -80,6 +91,10 @@ from datasets import (
     concatenate_datasets,
     load_dataset,
 )
+from datasets.data_files import EmptyDatasetError
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
 
 SPLITS: tuple[str, str] = ("train", "test")
 SOURCES: tuple[str, ...] = ("hub", "local", "sklearn")
@@ -221,10 +236,20 @@ def _split_seed(seed: int, task: str, split: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(task.encode()), zlib.crc32(split.encode())])
 
 
+def _check_max_samples(max_samples: Any, split: str) -> None:
+    """Refuse a per-task row cap that is not None or a positive integer (0 would leave the split empty)."""
+    if max_samples is None:
+        return
+    if isinstance(max_samples, bool) or not isinstance(max_samples, (int, np.integer)) or max_samples < 1:
+        option = "max_train_samples" if split == "train" else "max_eval_samples"
+        raise ValueError(
+            f"{option} (rows per task of the {split} split) must be a positive integer or None (every row), "
+            f"got {max_samples!r}: the {split} split would be empty."
+        )
+
+
 def _subsample_indices(num_rows: int, max_samples: int | None, rng: np.random.Generator) -> np.ndarray | None:
     """Pick at most ``max_samples`` sorted random row indices, or None to keep all rows."""
-    if max_samples is not None and max_samples < 0:
-        raise ValueError(f"max samples must be >= 0, got {max_samples}")
     if max_samples is None or max_samples >= num_rows:
         return None
     return np.sort(rng.choice(num_rows, size=max_samples, replace=False))
@@ -354,61 +379,157 @@ def _has_image_folder(task_dir: Path, split: str) -> bool:
     return split_dir.is_dir() and any(p.is_dir() for p in split_dir.iterdir())
 
 
-def _read_parquet(files: list[Path], max_samples: int | None, rng: np.random.Generator) -> Dataset:
-    """Read Parquet files into an in-memory Dataset, keeping only the sampled rows."""
+def _read_parquet(
+    files: list[Path], max_samples: int | None, rng: np.random.Generator
+) -> tuple[Dataset, list[str]]:
+    """Read Parquet files into an in-memory Dataset of the sampled rows; name each row by its file and row."""
     tables = [pq.read_table(f) for f in files]
     table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    origins = [f"{f} (row {row})" for f, t in zip(files, tables, strict=True) for row in range(t.num_rows)]
     idx = _subsample_indices(table.num_rows, max_samples, rng)
     if idx is not None:
         table = table.take(pa.array(idx))
+        origins = [origins[i] for i in idx]
     # A fingerprint from file identities spares datasets from hashing the whole table (~1 s for MNIST-M).
     digest = hashlib.sha256()
     for f in files:
         stat = f.stat()
         digest.update(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns};".encode())
     digest.update(b"all" if idx is None else idx.tobytes())
-    return Dataset(table, fingerprint=digest.hexdigest()[:16])
+    return Dataset(table, fingerprint=digest.hexdigest()[:16]), origins
+
+
+def _check_class_folders(split_dir: Path) -> None:
+    """Refuse class folders not named by a digit 0..9: the label is the digit the folder's name spells.
+
+    The imagefolder builder numbers each split's folders in sorted order, so a folder named `seven` would shift the
+    labels of the folders sorted after it, differently in each split that lacks it.
+    """
+    folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    bad = [str(p) for p in folders if not (re.fullmatch(r"[0-9]+", p.name) and int(p.name) < NUM_CLASSES)]
+    if bad:
+        raise ValueError(
+            f"Image folders must be named by their digit label, 0..{NUM_CLASSES - 1} (the label is the digit the "
+            f"folder's name spells), got {bad}. Rename each to its class index."
+        )
+
+
+def _decoding_error(image: dict[str, Any]) -> str | None:
+    """Why an undecoded ``datasets.Image`` value (bytes or path) cannot be read as an image; None if it can."""
+    try:
+        source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
+        with PIL.Image.open(source) as decoded:
+            decoded.load()  # decodes every pixel: a truncated file fails here, not at open
+            if decoded.width == 0 or decoded.height == 0:
+                return f"an empty image ({decoded.width}x{decoded.height})"
+    except PIL.UnidentifiedImageError:
+        return "not an image PIL can identify (unknown format, or a truncated header)"
+    except Exception as error:  # noqa: BLE001 - any decoder failure makes the file unusable
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _decoding_errors(ds: Dataset, description: str) -> list[str | None]:
+    """Decode every image of ``ds`` in threads, with a progress bar: per row, why it fails, or None."""
+    images = ds.cast_column("image", Image(decode=False))["image"][:]
+    chunks = [images[i : i + 256] for i in range(0, len(images), 256)]
+    errors: list[str | None] = []
+    with (
+        ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool,
+        tqdm(total=len(images), desc=f"Checking the images of {description}", unit="img") as bar,
+    ):
+        for chunk_errors in pool.map(lambda chunk: [_decoding_error(image) for image in chunk], chunks):
+            errors.extend(chunk_errors)
+            bar.update(len(chunk_errors))
+    return errors
+
+
+def _drop_or_refuse_bad_images(ds: Dataset, origins: list[str], description: str, skip: bool) -> Dataset:
+    """Check that every image decodes; name every bad file, then refuse (default) or drop them with a warning."""
+    errors = _decoding_errors(ds, description)
+    bad = [row for row, error in enumerate(errors) if error is not None]
+    if not bad:
+        return ds
+    listing = "\n".join(f"  {origins[row]}: {errors[row]}" for row in bad)
+    if not skip:
+        raise ValueError(
+            f"{len(bad)} of the {len(ds)} images of {description} cannot be decoded:\n{listing}\nFix or remove "
+            "them, or pass skip_bad_images=True (run_digits.py: --skip_bad_images) to leave them out."
+        )
+    logger.warning(
+        "Skipped %d of the %d images of %s (cannot be decoded):\n%s", len(bad), len(ds), description, listing
+    )
+    keep = np.setdiff1d(np.arange(len(ds)), np.asarray(bad))
+    return ds.select(keep)
 
 
 def _load_local_split(
-    task: str, split: str, data_dir: str | Path, max_samples: int | None, seed: int
+    task: str, split: str, data_dir: str | Path, max_samples: int | None, seed: int, skip_bad_images: bool
 ) -> Dataset:
-    """Load one split of a task from a local folder and normalise its columns."""
+    """Load one split of a task from a local folder, check that its images decode, and normalise its columns."""
     task_dir = _local_task_dir(data_dir, task)
     rng = _split_seed(seed, task, split)
     files = _local_parquet_files(task_dir, split)
     if files:
-        ds = _read_parquet(files, max_samples, rng)
+        ds, origins = _read_parquet(files, max_samples, rng)
         where = ", ".join(str(f) for f in files)
     elif _has_image_folder(task_dir, split):
-        ds = load_dataset("imagefolder", data_dir=str(task_dir / split), split="train", drop_labels=False)
+        _check_class_folders(task_dir / split)
         where = str(task_dir / split)
+        try:
+            ds = load_dataset("imagefolder", data_dir=where, split="train", drop_labels=False)
+        except EmptyDatasetError:
+            raise ValueError(
+                f"The {split} split of task {task!r} has no usable rows ({where}: no image files)."
+            ) from None
         idx = _subsample_indices(len(ds), max_samples, rng)
         if idx is not None:
             ds = ds.select(idx)
+        origins = [image["path"] for image in ds.cast_column("image", Image(decode=False))["image"][:]]
     else:
         raise FileNotFoundError(
             f"No {split} split for task {task!r} in {task_dir}: expected {task_dir / f'{split}.parquet'} "
             f"(or {split}-*.parquet, data/{split}-*.parquet, {split}/*.parquet) or image folders "
             f"{task_dir / split}/<label>/*.png"
         )
+    _check_not_empty(ds, task, split, where)
     image_column = _find_column(ds.column_names, IMAGE_COLUMN_CANDIDATES, "image", where)
     label_column = _find_column(ds.column_names, LABEL_COLUMN_CANDIDATES, "label", where)
-    return _normalise(ds, image_column, label_column, where)
+    ds = _normalise(ds, image_column, label_column, where)
+    ds = _drop_or_refuse_bad_images(
+        ds, origins, f"the {split} split of task {task!r} ({where})", skip_bad_images
+    )
+    _check_not_empty(ds, task, split, where)
+    return ds
+
+
+def _check_not_empty(ds: Dataset, task: str, split: str, where: str) -> None:
+    """Refuse a split without rows, naming it (an empty split fails much later, with an unrelated cast error)."""
+    if len(ds) == 0:
+        raise ValueError(f"The {split} split of task {task!r} has no usable rows ({where}).")
 
 
 # --------------------------------------------------------------------------- public API
 
 
 def _load_split(
-    task: str, split: str, source: str, data_dir: str | Path | None, max_samples: int | None, seed: int
+    task: str,
+    split: str,
+    source: str,
+    data_dir: str | Path | None,
+    max_samples: int | None,
+    seed: int,
+    skip_bad_images: bool,
 ) -> tuple[Dataset, np.ndarray | None]:
     """Load one normalised split; return it with the row indices still to select (None: keep all)."""
+    _check_max_samples(max_samples, split)
     if source == "local":
         if data_dir is None:
             raise ValueError('source="local" needs data_dir (a folder holding <task>/train.parquet, ...)')
-        return _load_local_split(task, split, data_dir, max_samples, seed), None  # subsampled while reading
+        # Subsampled while reading, and its images checked.
+        return _load_local_split(task, split, data_dir, max_samples, seed, skip_bad_images), None
     ds = _load_sklearn_split(task, split) if source == "sklearn" else _load_hub_split(task, split)
+    _check_not_empty(ds, task, split, f"source {source!r}")
     return ds, _subsample_indices(len(ds), max_samples, _split_seed(seed, task, split))
 
 
@@ -419,13 +540,18 @@ def load_task_split(
     data_dir: str | Path | None = None,
     max_samples: int | None = None,
     seed: int = 42,
+    skip_bad_images: bool = False,
 ) -> Dataset:
-    """Load one split of one task with columns ``image`` and ``label`` (no ``task_id``)."""
+    """Load one split of one task with columns ``image`` and ``label`` (no ``task_id``).
+
+    Local images are decoded once here: a file that cannot be decoded is named, and refused unless
+    ``skip_bad_images``, which leaves such files out with a warning that counts and names them.
+    """
     _check_source(source)
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r}; expected one of {list(SPLITS)}")
     (task,) = _resolve_task_names([task], source)
-    ds, idx = _load_split(task, split, source, data_dir, max_samples, seed)
+    ds, idx = _load_split(task, split, source, data_dir, max_samples, seed, skip_bad_images)
     return ds if idx is None else ds.select(idx)
 
 
@@ -436,19 +562,24 @@ def load_digits_tasks(
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     seed: int = 42,
+    skip_bad_images: bool = False,
 ) -> tuple[DatasetDict, list[str]]:
     """Load several digit tasks into one ``DatasetDict(train, test)`` with ``image``, ``label``, ``task_id``.
 
-    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub".
+    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub". Local images
+    are decoded once here: files that cannot be decoded are named, and refused unless ``skip_bad_images``, which
+    leaves them out with a warning that counts and names them. ``max_*_samples`` must be None or positive.
     """
     source = resolve_dataset_source(source, data_dir)
     names = _resolve_task_names(task_names, source)
+    _check_max_samples(max_train_samples, "train")
+    _check_max_samples(max_eval_samples, "test")
     task_feature = ClassLabel(names=names)
     out = {}
     for split, max_samples in (("train", max_train_samples), ("test", max_eval_samples)):
         parts = []
         for task_id, task in enumerate(names):
-            ds, idx = _load_split(task, split, source, data_dir, max_samples, seed)
+            ds, idx = _load_split(task, split, source, data_dir, max_samples, seed, skip_bad_images)
             # Add task_id before selecting rows: add_column on a selection would copy the selected images.
             ds = ds.add_column("task_id", np.full(len(ds), task_id, dtype=np.int64), feature=task_feature)
             parts.append(ds if idx is None else ds.select(idx))

@@ -17,7 +17,7 @@ import PIL.Image
 import torch
 from transformers.image_processing_backends import PilBackend, TorchvisionBackend
 from transformers.image_processing_base import BatchFeature
-from transformers.image_transforms import convert_to_rgb as _convert_pil_to_rgb
+from transformers.image_transforms import convert_to_rgb
 from transformers.image_utils import (
     ChannelDimension,
     ImageInput,
@@ -34,7 +34,11 @@ logger = logging.get_logger(__name__)
 ArrayT = TypeVar("ArrayT")
 
 _CHANNEL_COUNTS = (1, 3, 4)
-_PIL_MODES_WITHOUT_CONVERSION = ("L", "RGB", "I", "I;16", "F")
+# PIL modes of more than 8 bits: PIL's own conversion to RGB clips integers above 255 and rounds floats.
+_HIGH_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+_PIL_MODES_WITHOUT_CONVERSION = ("L", "RGB", "RGBA", *_HIGH_DEPTH_MODES)
+# The largest value of 8, 10, 12, 14, 16 and 32-bit data.
+_DEPTH_MAXIMA = (255, 1023, 4095, 16383, 65535, 2**32 - 1)
 
 
 class NeuralInterpreterImageProcessorKwargs(ImagesKwargs, total=False):
@@ -122,8 +126,8 @@ def _channel_axis(shape: tuple[int, ...], input_data_format: str | ChannelDimens
     if last_ok:
         return 2
     raise ValueError(
-        f"Unsupported image shape {shape}: expected 1 (gray) or 3 (RGB) channels on the first axis (C, H, W) or "
-        "the last axis (H, W, C). Pass `input_data_format` if the layout is ambiguous."
+        f"Unsupported image shape {shape}: expected 1 (gray), 3 (RGB) or 4 (RGBA) channels on the first axis "
+        "(C, H, W) or the last axis (H, W, C). Pass `input_data_format` if the layout is ambiguous."
     )
 
 
@@ -134,47 +138,87 @@ def _moveaxis(x: ArrayT, source: int, destination: int) -> ArrayT:
     return x.movedim(source, destination)
 
 
-def _array_to_rgb_chw(image: ArrayT, input_data_format: str | ChannelDimension | None) -> ArrayT:
-    """Turn a 2-D (H, W) or 3-D (C, H, W)/(H, W, C) gray or RGB array or tensor into a (3, H, W) one."""
+def _check_has_pixels(shape: tuple[int, ...]) -> None:
+    """Refuse an image without pixels (resizing would turn it into an all-black input)."""
+    if 0 in shape:
+        raise ValueError(f"Got an empty image of shape {shape}: expected a height and a width of at least 1.")
+
+
+def _to_channels_first(image: ArrayT, input_data_format: str | ChannelDimension | None) -> ArrayT:
+    """Turn a 2-D (H, W) or 3-D (C, H, W)/(H, W, C) array or tensor of 1, 3 or 4 channels into (C, H, W)."""
     shape = tuple(int(s) for s in image.shape)
-    if image.ndim == 2:
-        image = image[None]
-    elif image.ndim == 3:
-        image = _moveaxis(image, _channel_axis(shape, input_data_format), 0)
-    else:
+    if image.ndim not in (2, 3):
         raise ValueError(
             f"Expected each image to be 2-D (H, W) or 3-D (C, H, W) / (H, W, C), got an array of shape "
             f"{shape} ({image.ndim}-D)."
         )
-    channels = int(image.shape[0])
-    if channels == 4:
+    _check_has_pixels(shape)
+    if image.ndim == 2:
+        return image[None]
+    image = _moveaxis(image, _channel_axis(shape, input_data_format), 0)
+    if int(image.shape[0]) not in _CHANNEL_COUNTS:
         raise ValueError(
-            f"Got a 4-channel (RGBA-like) array/tensor of shape {shape}; there is no RGB conversion rule for "
-            "arrays. Pass a PIL image in mode 'RGBA' instead (e.g. PIL.Image.fromarray(array, 'RGBA')), which is "
-            "composited onto white, or drop the alpha channel (e.g. array[..., :3])."
+            f"Unsupported number of channels {int(image.shape[0])} for an image of shape {shape}: expected 1 "
+            "(gray), 3 (RGB) or 4 (RGBA) channels."
         )
-    if channels not in (1, 3):
+    return image
+
+
+def _high_depth_to_float(image: PIL.Image.Image) -> np.ndarray:
+    """A 16- or 32-bit integer or a float ("F") PIL image as a float32 (H, W) array on the 0..255 scale of uint8.
+
+    Its range is that of the bit depth its brightest pixel needs (8, 10, 12, 14, 16 or 32 bits), or [0, 1] for a
+    float image within it: a 12-bit image in a 16-bit file keeps its contrast, and floats are not rounded.
+    """
+    array = np.asarray(image, dtype=np.float64)
+    if not np.isfinite(array).all():
         raise ValueError(
-            f"Unsupported number of channels {channels} for an image of shape {shape}: expected 1 (gray) "
-            "or 3 (RGB) channels."
+            f"PIL image in mode {image.mode!r} contains NaN or infinite values: expected finite pixels."
         )
-    if isinstance(image, np.ndarray):
-        return np.ascontiguousarray(np.repeat(image, 3, axis=0) if channels == 1 else image)
-    return (image.expand(3, -1, -1) if channels == 1 else image).contiguous()
+    low, high = float(array.min()), float(array.max())
+    if low < 0 or high > _DEPTH_MAXIMA[-1]:
+        raise ValueError(
+            f"PIL image in mode {image.mode!r} has values in [{low}, {high}]: expected values from 0 to at most "
+            f"{_DEPTH_MAXIMA[-1]} (or floats in [0, 1]). Convert it to 8 bits (mode 'L' or 'RGB') yourself."
+        )
+    full = 1.0 if image.mode == "F" and high <= 1 else next(m for m in _DEPTH_MAXIMA if high <= m)
+    return (array * (255.0 / full)).astype(np.float32)
 
 
 def _pil_to_array(image: PIL.Image.Image, do_convert_rgb: bool | None) -> np.ndarray:
-    """(3, H, W) array of a PIL image: converted to RGB, or (do_convert_rgb=False) taken as it is if its mode allows."""
+    """(H, W) or (H, W, C) array of a PIL image: RGB if do_convert_rgb, else its own channels if its mode allows.
+
+    High-depth modes become float32 on the uint8 scale (see `_high_depth_to_float`), to be made RGB afterwards.
+    """
+    _check_has_pixels((image.height, image.width))
+    if image.mode in _HIGH_DEPTH_MODES:
+        return _high_depth_to_float(image)
     if do_convert_rgb:
-        array = _convert_pil_to_rgb(image, return_numpy=True)
-    elif image.mode in _PIL_MODES_WITHOUT_CONVERSION:
-        array = np.array(image)
-    else:
-        raise ValueError(
-            f"PIL image in mode {image.mode!r} cannot be used with do_convert_rgb=False; expected one of "
-            f"{_PIL_MODES_WITHOUT_CONVERSION} or set do_convert_rgb=True."
-        )
-    return _array_to_rgb_chw(array, ChannelDimension.LAST)
+        return convert_to_rgb(image, return_numpy=True)
+    if image.mode in _PIL_MODES_WITHOUT_CONVERSION:
+        return np.array(image)
+    raise ValueError(
+        f"PIL image in mode {image.mode!r} cannot be used with do_convert_rgb=False; expected one of "
+        f"{_PIL_MODES_WITHOUT_CONVERSION} or set do_convert_rgb=True."
+    )
+
+
+def _numpy_to_rgb(image: np.ndarray, do_rescale: bool | None) -> np.ndarray:
+    """A (C, H, W) array of 1, 3 or 4 channels as RGB: gray replicated, RGBA composited onto white."""
+    if image.shape[0] == 4 and np.issubdtype(image.dtype, np.floating):
+        # transformers' conversion takes float RGBA in [0, 1]; do_rescale=True means floats on the 0..255 scale.
+        white = 255.0 if do_rescale else 1.0
+        rgb = convert_to_rgb(image / white, input_data_format=ChannelDimension.FIRST, return_numpy=True)
+        return np.ascontiguousarray(rgb * white)
+    return np.ascontiguousarray(
+        convert_to_rgb(image, input_data_format=ChannelDimension.FIRST, return_numpy=True)
+    )
+
+
+def _check_image_std(do_normalize: bool | None, image_std: Any) -> None:
+    """Refuse an `image_std` of zero: normalizing divides by it (inf or NaN pixels)."""
+    if do_normalize and image_std is not None and np.any(np.asarray(image_std, dtype=np.float64) == 0):
+        raise ValueError(f"`image_std` must be non-zero (normalizing divides by it), got {image_std!r}.")
 
 
 def _unsupported_image_type(image: Any) -> ValueError:
@@ -306,6 +350,7 @@ class _NeuralInterpreterProcessing:
         kwargs.update({key: value for key, value in explicit.items() if value is not None})
         super().__init__(**kwargs)
         self._check_patch_config(self.do_resize, self.size, self.do_patchify, self.patch_size)
+        _check_image_std(self.do_normalize, self.image_std)
 
     @staticmethod
     def _check_patch_config(
@@ -325,6 +370,7 @@ class _NeuralInterpreterProcessing:
     def _validate_preprocess_kwargs(self, **kwargs: Any) -> None:
         """Validate the preprocessing kwargs, including the patch settings."""
         super()._validate_preprocess_kwargs(**kwargs)
+        _check_image_std(kwargs.get("do_normalize"), kwargs.get("image_std"))
         self._check_patch_config(
             kwargs.get("do_resize"), kwargs.get("size"), kwargs.get("do_patchify"), kwargs.get("patch_size")
         )
@@ -382,7 +428,11 @@ class NeuralInterpreterImageProcessor(_NeuralInterpreterProcessing, PilBackend):
     `c (h p1) (w p2) -> (h w) (p1 p2 c)`. With `do_patchify=False`, `pixel_values` are `(3, H, W)` images.
 
     Float inputs are interpreted on the same scale as uint8 (0..255) and are multiplied by `rescale_factor`; pass
-    `do_rescale=False` for float images already in [0, 1].
+    `do_rescale=False` for float images already in [0, 1]. PIL images of more than 8 bits ("I;16", "I", "F") are
+    scaled from the range of the bit depth their brightest pixel needs (8 to 16 or 32 bits; [0, 1] for a float
+    image within it) to that uint8 scale, in float32. 4-channel arrays are composited onto white as transformers'
+    `convert_to_rgb` does. With `do_convert_rgb=False` nothing is converted: an image keeps its 1, 3 or 4 channels
+    (give `image_mean`/`image_std` per channel). Images without pixels and an `image_std` of 0 are refused.
     """
 
     def process_image(
@@ -390,12 +440,13 @@ class NeuralInterpreterImageProcessor(_NeuralInterpreterProcessing, PilBackend):
         image: ImageInput,
         do_convert_rgb: bool | None = None,
         input_data_format: str | ChannelDimension | None = None,
+        do_rescale: bool | None = None,
         **kwargs: Any,
     ) -> np.ndarray:
-        """Convert one PIL image, numpy array or torch tensor into a (3, H, W) numpy array."""
+        """Convert one PIL image, numpy array or torch tensor into a (C, H, W) numpy array (C = 3 if do_convert_rgb)."""
         if isinstance(image, PIL.Image.Image):
-            return _pil_to_array(image, do_convert_rgb)
-        if is_torch_tensor(image):
+            image, input_data_format = _pil_to_array(image, do_convert_rgb), ChannelDimension.LAST
+        elif is_torch_tensor(image):
             tensor = image.detach().cpu()
             if tensor.is_floating_point() and tensor.dtype.itemsize < 4:
                 tensor = tensor.float()  # numpy has no bfloat16
@@ -404,7 +455,8 @@ class NeuralInterpreterImageProcessor(_NeuralInterpreterProcessing, PilBackend):
             raise _unsupported_image_type(image)
         if image.dtype == np.bool_:
             image = image.astype(np.uint8) * 255  # a binary image: True is white, as PIL's mode "1"
-        return _array_to_rgb_chw(image, input_data_format)
+        image = _to_channels_first(image, input_data_format)
+        return _numpy_to_rgb(image, do_rescale) if do_convert_rgb else np.ascontiguousarray(image)
 
     def resize(
         self,
@@ -463,27 +515,39 @@ class NeuralInterpreterImageProcessorTorchvision(_NeuralInterpreterProcessing, T
         do_convert_rgb: bool | None = None,
         input_data_format: str | ChannelDimension | None = None,
         device: torch.device | str | None = None,
+        do_rescale: bool | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        """Convert one PIL image, numpy array or torch tensor into a (3, H, W) tensor: uint8, else float32."""
+        """Convert one PIL image, numpy array or torch tensor into a (C, H, W) tensor: uint8, else float32."""
         if isinstance(image, PIL.Image.Image):
-            image = _pil_to_array(image, do_convert_rgb)
-        elif isinstance(image, np.ndarray):
+            image, input_data_format = _pil_to_array(image, do_convert_rgb), ChannelDimension.LAST
+        if isinstance(image, np.ndarray):
             if image.dtype == np.bool_:
                 image = image.astype(np.uint8) * 255  # a binary image: True is white, as PIL's mode "1"
-            image = _array_to_rgb_chw(image, input_data_format)
+            image = _to_channels_first(image, input_data_format)
+            image = _numpy_to_rgb(image, do_rescale) if do_convert_rgb else image
+            # Every dtype but uint8 is resized in float32, as the PIL processor does (torch has few uint16 kernels).
+            image = torch.from_numpy(
+                np.ascontiguousarray(image if image.dtype == np.uint8 else image.astype(np.float32))
+            )
         elif is_torch_tensor(image):
             image = image.detach()
             if image.dtype == torch.bool:
                 image = image.to(torch.uint8) * 255
-            image = _array_to_rgb_chw(image, input_data_format)
+            image = _to_channels_first(image, input_data_format)
+            if image.dtype != torch.uint8:
+                image = image.to(torch.float32)
+            if do_convert_rgb and image.shape[0] == 1:
+                image = image.expand(3, -1, -1)
+            elif do_convert_rgb and image.shape[0] == 4 and image.dtype == torch.uint8:
+                image = self.convert_to_rgb(image, input_data_format=ChannelDimension.FIRST)
+            elif do_convert_rgb and image.shape[0] == 4:
+                # transformers' conversion takes float RGBA in [0, 1]; do_rescale=True means the 0..255 scale.
+                white = 255.0 if do_rescale else 1.0
+                image = self.convert_to_rgb(image / white, input_data_format=ChannelDimension.FIRST) * white
         else:
             raise _unsupported_image_type(image)
-        if isinstance(image, np.ndarray):
-            # Every dtype but uint8 is resized in float32, as the PIL processor does (torch has few uint16 kernels).
-            image = torch.from_numpy(image if image.dtype == np.uint8 else image.astype(np.float32))
-        elif image.dtype != torch.uint8:
-            image = image.to(torch.float32)
+        image = image.contiguous()
         return image if device is None else image.to(device)
 
     def resize(
