@@ -44,6 +44,7 @@ import datasets
 import numpy as np
 import torch
 import transformers
+from _common import DigitsTransform
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
@@ -53,7 +54,6 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.cpu_bf16 import native_bf16_hint
 from ni_hf.data_transfer import (
     DATALOADER_WORKERS_HELP,
     PIN_MEMORY_HELP,
@@ -69,7 +69,6 @@ from ni_hf.digits_data import (
     resolve_dataset_source,
 )
 from ni_hf.evaluation import CopiedPredictionsMixin, compute_multitask_accuracy
-from ni_hf.mkl_dispatch import slow_mkl_hint
 from ni_hf.model_card import mixed_precision
 from ni_hf.paths import check_model_path
 
@@ -251,26 +250,6 @@ def check_sizes(exp: AdaptationArguments, studies: list[str], available: int, ta
 # --------------------------------------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DigitsTransform:
-    """Dataset transform: PIL images -> normalised (3, 32, 32) arrays, labels and the task id of the dataset.
-
-    A class at module level, not a closure, so that DataLoader workers started by spawn or forkserver (macOS,
-    Windows, and Linux from Python 3.14 on) can unpickle it.
-    """
-
-    processor: NeuralInterpreterImageProcessor
-    task_id: int
-
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
-        pixel_values = self.processor(images=batch["image"], do_patchify=False)["pixel_values"]
-        return {
-            "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
-            "labels": [int(label) for label in batch["label"]],
-            "task_ids": [self.task_id] * len(batch["label"]),
-        }
 
 
 def num_classes(dataset: datasets.Dataset) -> int:
@@ -695,10 +674,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
     )
     logger.setLevel(logging.INFO if base.should_log else logging.WARNING)
-    if base.should_log and base.device.type == "cpu" and (hint := slow_mkl_hint()):
-        logger.warning(hint)
-    if base.should_log and base.device.type == "cpu" and (hint := native_bf16_hint(base.bf16)):
-        logger.info(hint)
     if compile_for_static_batches(base):
         logger.info(STATIC_BATCHES_NOTE)
     studies = [s.strip() for s in exp.studies.split(",") if s.strip()]

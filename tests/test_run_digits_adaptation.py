@@ -317,24 +317,3 @@ def test_too_large_training_sizes_fail_before_any_run(
     with pytest.raises(ValueError, match=expected):
         script.main(args)
     assert not (tmp_path / "out").exists()
-
-
-def test_a_float32_cpu_run_logs_the_hint_about_native_bf16(
-    script: ModuleType, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
-) -> None:
-    asked = []
-    monkeypatch.setattr(script, "native_bf16_hint", lambda bf16: asked.append(bf16) or "BF16 HINT")
-    args = ["--model_name_or_path", str(checkpoint), "--studies", "nope", "--output_dir", str(tmp_path)]
-    with caplog.at_level("INFO"), pytest.raises(ValueError, match="unknown"):
-        script.main([*args, "--use_cpu", "true", "--bf16", "true"])
-    assert "BF16 HINT" in caplog.text and asked == [True]  # the script passes the run's bf16 setting
-
-
-def test_a_cpu_run_logs_the_hint_about_mkl_on_amd_cpus(
-    script: ModuleType, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
-) -> None:
-    monkeypatch.setattr(script, "slow_mkl_hint", lambda: "MKL HINT")
-    args = ["--model_name_or_path", str(checkpoint), "--studies", "nope", "--output_dir", str(tmp_path)]
-    with caplog.at_level("WARNING"), pytest.raises(ValueError, match="unknown"):
-        script.main([*args, "--use_cpu", "true"])
-    assert "MKL HINT" in caplog.text

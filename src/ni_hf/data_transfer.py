@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 DATALOADER_WORKERS_HELP = (
-    "DataLoader worker processes per training process; they decode and resize the images (and run RandAugment "
-    "with --randaugment_where auto) beside the training step. Default: where CUDA is available, one per core of "
+    "DataLoader worker processes per training process; they decode and resize the images beside the training "
+    "step. Default: where CUDA is available, one per core of "
     "this process's share of the machine (cores / LOCAL_WORLD_SIZE) but one, at most 8; on the CPU 0 (workers "
     "would take cores from the training step's threads)."
 )

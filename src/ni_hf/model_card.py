@@ -30,12 +30,56 @@ __all__ = [
     "describe_hardware",
     "digits_eval_results",
     "fuzzy_boolean_eval_results",
+    "mixed_precision",
+    "training_hyperparameters",
+    "write_digits_model_card",
 ]
 
 # The template ships with the repository (not with the installed package): ``<repo>/model_cards/``.
 DEFAULT_DIGITS_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "digits_template.md"
 DEFAULT_FUZZY_BOOLEAN_TEMPLATE = (
     Path(__file__).resolve().parents[2] / "model_cards" / "fuzzy_boolean_template.md"
+)
+NI_CARD_TAGS = ("neural-interpreters", "image-classification", "multi-task", "digits", "ni_hf")
+VIT_CARD_TAGS = (
+    "vit",
+    "neural-interpreters-baseline",
+    "image-classification",
+    "multi-task",
+    "digits",
+    "ni_hf",
+)
+# The config settings a digits card lists, per architecture.
+NI_SUMMARY_KEYS = (
+    "hidden_size",
+    "code_dim",
+    "num_scripts",
+    "num_function_iterations",
+    "num_loc_layers",
+    "num_functions",
+    "num_attention_heads",
+    "attention_head_size",
+    "type_inference_depth",
+    "type_inference_hidden_size",
+    "type_dim",
+    "truncation_tau",
+    "freeze_signatures",
+    "freeze_codes",
+    "image_size",
+    "patch_size",
+    "use_relative_positional_bias",
+    "share_task_tokens",
+)
+VIT_SUMMARY_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "qkv_bias",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "image_size",
+    "patch_size",
 )
 
 
@@ -129,13 +173,7 @@ def build_digits_model_card(
     tags: Sequence[str] = ("neural-interpreters", "image-classification", "multi-task", "digits", "ni_hf"),
     **template_kwargs: Any,
 ) -> ModelCard:
-    """Render the digits model card: model-index metadata from ``tasks``, text from the Jinja template.
-
-    ``template_kwargs`` are passed to the template as they are (see ``model_cards/digits_template.md`` for
-    the variables it reads: ``training_command``, ``hardware``, ``config``, ``hyperparameters``, ...).
-    """
-    path = _template(template_path, DEFAULT_DIGITS_TEMPLATE)
-    eval_results = digits_eval_results(tasks)
+    """Render the digits card: model-index metadata from ``tasks``, text from the template (it lists its variables)."""
     card_data = ModelCardData(
         model_name=model_name,
         library_name="transformers",
@@ -144,17 +182,108 @@ def build_digits_model_card(
         tags=list(tags),
         datasets=list(hub_datasets) or None,
         metrics=["accuracy"],
-        eval_results=eval_results or None,
+        eval_results=digits_eval_results(tasks) or None,
     )
-    template_kwargs.setdefault("date", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
-    return ModelCard.from_template(
+    return _render(
         card_data,
-        template_path=str(path),
+        _template(template_path, DEFAULT_DIGITS_TEMPLATE),
         model_name=model_name,
         tasks=[_task_row(task) for task in tasks],
         overall_accuracy=_percent(overall_accuracy),
         **template_kwargs,
     )
+
+
+def training_hyperparameters(args: Any, optimizer: str, train_metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyperparameter table of a card, from a run's TrainingArguments and train metrics."""
+    world_size = getattr(args, "world_size", 1)
+    schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    return {
+        "optimizer": optimizer,
+        "betas, epsilon": f"({args.adam_beta1}, {args.adam_beta2}), {args.adam_epsilon}",
+        "weight decay": args.weight_decay,
+        "learning rate": f"{args.learning_rate:g}",
+        "schedule": f"{schedule} {args.lr_scheduler_kwargs or ''}, warm-up steps {args.warmup_steps}",
+        "batch size (global)": args.per_device_train_batch_size
+        * world_size
+        * args.gradient_accumulation_steps,
+        "epochs": f"{train_metrics.get('epoch', args.num_train_epochs):g}",
+        "optimizer steps": train_metrics.get("global_step", "-"),
+        "seed": args.seed,
+        "processes": world_size,
+        "mixed precision": mixed_precision(args),
+    }
+
+
+def write_digits_model_card(
+    output_dir: str | os.PathLike,
+    *,
+    repo_id: str,
+    model: Any,
+    tasks: Sequence[TaskCardInfo],
+    eval_metrics: Mapping[str, Any],
+    train_metrics: Mapping[str, Any],
+    training_args: Any,
+    optimizer: str,
+    command: str,
+    launcher_note: str,
+    randaugment: str | None,
+    preset: str | None = None,
+    max_eval_samples: int | None = None,
+    template_path: str | os.PathLike | None = None,
+    extra_limitations: Sequence[str] = (),
+) -> Path:
+    """Write ``<output_dir>/README.md`` for a digits run of ``examples/run_digits.py``; return its path."""
+    import transformers
+
+    from . import __version__
+
+    config = model.config
+    vit = config.model_type == "ni_multitask_vit"
+    runtime = train_metrics.get("train_runtime")
+    card = build_digits_model_card(
+        template_path=template_path,
+        model_name=repo_id.split("/")[-1],
+        tasks=tasks,
+        overall_accuracy=eval_metrics.get("eval_accuracy"),
+        hub_datasets=[task.dataset_id for task in tasks if "/" in task.dataset_id],
+        tags=VIT_CARD_TAGS if vit else NI_CARD_TAGS,
+        repo_id=repo_id,
+        config=config,
+        architecture="vit" if vit else "neural_interpreter",
+        model_class=type(model).__name__,
+        eval_samples_total=int(eval_metrics.get("eval_num_samples", 0)),
+        eval_subset_note=(
+            f"Evaluated on at most {max_eval_samples} test samples per dataset (a seeded random subset), not the "
+            "full test sets: the accuracies are estimates."
+            if max_eval_samples is not None
+            else ""
+        ),
+        randaugment=randaugment,
+        preset=preset,
+        training_command=command,
+        launcher_note=launcher_note,
+        hyperparameters=training_hyperparameters(training_args, optimizer, train_metrics),
+        config_summary={key: getattr(config, key) for key in (VIT_SUMMARY_KEYS if vit else NI_SUMMARY_KEYS)},
+        num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
+        num_trainable_parameters=f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}",
+        hardware=describe_hardware(
+            str(training_args.device), training_args.world_size, mixed_precision(training_args)
+        ),
+        train_runtime=f"{runtime:.0f} s" if runtime is not None else "not trained in this run",
+        transformers_version=transformers.__version__,
+        ni_hf_version=__version__,
+        extra_limitations=list(extra_limitations),
+    )
+    path = Path(output_dir) / "README.md"
+    card.save(path)
+    return path
+
+
+def _render(card_data: ModelCardData, template: Path, **template_kwargs: Any) -> ModelCard:
+    """The one rendering path of every card: the template with its variables, dated now unless given a date."""
+    template_kwargs.setdefault("date", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    return ModelCard.from_template(card_data, template_path=str(template), **template_kwargs)
 
 
 def _percent(value: float | None) -> str | None:
@@ -236,17 +365,17 @@ def build_fuzzy_boolean_model_card(
 ) -> ModelCard:
     """Render the fuzzy-Boolean card: model-index metadata from ``results`` (run_fuzzy_boolean.py's results
     dict), text from the Jinja template (``model_cards/fuzzy_boolean_template.md`` lists what it reads)."""
-    path = _template(template_path, DEFAULT_FUZZY_BOOLEAN_TEMPLATE)
-    eval_results = fuzzy_boolean_eval_results(results)
     card_data = ModelCardData(
         model_name=model_name,
         library_name="transformers",
         license=license,
         tags=list(tags),
         metrics=["r_squared"],
-        eval_results=eval_results or None,
+        eval_results=fuzzy_boolean_eval_results(results) or None,
     )
-    template_kwargs.setdefault("date", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
-    return ModelCard.from_template(
-        card_data, template_path=str(path), model_name=model_name, **template_kwargs
+    return _render(
+        card_data,
+        _template(template_path, DEFAULT_FUZZY_BOOLEAN_TEMPLATE),
+        model_name=model_name,
+        **template_kwargs,
     )
