@@ -970,3 +970,91 @@ def test_a_meta_device_model_runs_a_shape_only_forward_and_backward(tester):
         out = model(**inputs)
     assert out.logits.shape == (tester.batch_size, config.num_labels) and out.logits.is_meta
     out.loss.backward()
+
+
+# --- a refused or degenerate call: a clear error or warning, and nothing changed (issue 57) ----------------
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"pixel_values": [[0.0] * 12] * 16}, "must be a torch.Tensor"),
+        ({"pixel_values": "np"}, "must be a torch.Tensor"),
+        ({"task_ids": torch.zeros(2, 2, dtype=torch.long)}, "1-D tensor with one per sample"),
+        ({"task_ids": torch.zeros(3, dtype=torch.long)}, "one per sample"),
+        ({"labels": torch.tensor(1)}, "one entry per sample"),
+    ],
+    ids=["list-pixels", "numpy-pixels", "task-ids-2d", "task-ids-short", "scalar-label"],
+)
+def test_malformed_inputs_are_refused_by_name(tester, bad, match):
+    import numpy as np
+
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    inputs = {"pixel_values": torch.randn(4, config.num_patches, config.patch_dim)}
+    if bad.get("pixel_values") == "np":
+        bad = {"pixel_values": np.zeros((4, config.num_patches, config.patch_dim), dtype=np.float32)}
+    with pytest.raises(ValueError, match=match):
+        model(**{**inputs, **bad})
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.bool])
+def test_a_refused_forward_leaves_the_problem_type_unchanged(tester, tmp_path, dtype):
+    """Labels refused for their dtype must not set `config.problem_type`: the next valid call works, also reloaded."""
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    pixels = torch.randn(4, config.num_patches, config.patch_dim)
+    with pytest.raises(ValueError, match="labels"):
+        model(pixel_values=pixels, labels=torch.tensor([1, 0, 1, 0]).to(dtype))
+    assert model.config.problem_type is None
+    model.save_pretrained(tmp_path)
+    for m in (model, NeuralInterpreterForImageClassification.from_pretrained(tmp_path)):
+        assert m.config.problem_type is None
+        assert torch.isfinite(m(pixel_values=pixels, labels=torch.tensor([1, 0, 2, 3])).loss)
+        assert m.config.problem_type == "single_label_classification"
+
+
+def test_ignored_labels_are_left_out_of_the_mean_and_all_ignored_give_zero_loss(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    pixels = torch.randn(4, config.num_patches, config.patch_dim)
+    labels = torch.tensor([1, -100, 3, -100])
+    out = model(pixel_values=pixels, labels=labels)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels, ignore_index=-100))
+    out = model(pixel_values=pixels, labels=torch.full((4,), -100))
+    assert out.loss.item() == 0.0
+    out.loss.backward()  # no NaN gradient either
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_input_embeddings_can_be_replaced(tester):
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    pixels = torch.randn(2, config.num_patches, config.patch_dim)
+    replacement = nn.Linear(config.patch_dim, config.hidden_size)
+    model.set_input_embeddings(replacement)
+    assert model.get_input_embeddings() is replacement
+    assert model.neural_interpreter.get_input_embeddings() is replacement
+    with torch.no_grad():
+        replacement.weight.zero_()
+        replacement.bias.zero_()
+    zeroed = model(pixel_values=pixels).logits
+    torch.testing.assert_close(
+        model(pixel_values=torch.randn_like(pixels)).logits, zeroed
+    )  # input ignored now
+
+
+def test_a_routing_that_accepts_no_token_warns_once_and_gives_no_nan(tester, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(modeling_neural_interpreter.logger, "warning_once", warnings.append)
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    pixels = torch.randn(2, config.num_patches, config.patch_dim)
+    model(pixel_values=pixels)
+    assert warnings == []  # a normal routing says nothing
+    every_function = list(range(config.num_functions))
+    out = model(pixel_values=pixels, disabled_functions=every_function)
+    assert torch.isfinite(out.logits).all()
+    assert len(warnings) == 1 and "No function accepted any token" in warnings[0]
+    NeuralInterpreterModel(config)(pixel_values=pixels, disabled_functions=every_function)  # a backbone alone too
+    assert len(warnings) == 2
