@@ -1,24 +1,17 @@
 #!/usr/bin/env bash
-# The paper's fuzzy-Boolean experiment (Table 1, full protocol) on one GPU in one call, with two pre-trainings.
+# The paper's fuzzy-Boolean experiment (Table 1) on one GPU in one call.
 #
 #   bash examples/gpu_fuzzy_boolean.sh OUT_DIR [full|reduced|quick]
 #
-# Stage 1 pre-trains the paper's preset once per seed in $SEEDS, side by side (default "0 1"; 20,480 steps each with
-# `full`; SEEDS=0 leaves the GPU to one pre-training and six adaptations).
-# Stage 2 adapts each pre-trained model in six runs side by side: the three settings of Table 1 at the paper's
-# lr 5e-2, 'all' at lr 1e-2 (our recorded deviation: every row within 0.01 of the paper on CPU), and 'type_inference'
-# and 'all' with the CLS tokens at 5e-2 and the pre-trained parameters at 6e-3 (--adapt_pretrained_learning_rate,
-# the two-rate reading of the paper's table; no collapse on CPU). Each run writes
-# OUT_DIR/<run>/fuzzy_boolean_results.{md,json} and OUT_DIR/<run>.log; the tables go to OUT_DIR/results.md.
-# Several processes share the GPU because one of these small steps (25 tokens of width 128) cannot fill it.
-# With CUDA, every run is compiled with dynamo's CUDA-graphs backend (no inductor): on one H200 (2026-11-28,
-# SEEDS=0) the pre-training took 3 min 4 s (8.2 ms a Trainer step; 42.7 ms eager on 2026-11-27) and the six
-# adaptations side by side 50-78 s each (examples/fuzzy_boolean_records.md, "The full protocol on one GPU").
-# FUZZY_ARGS replaces those options (FUZZY_ARGS="" runs eagerly) and can add others.
-# PRETRAIN_LIMIT and ADAPT_LIMIT (seconds, default 330 and 200) bound the two stages, so that one call fits the
-# device tool's 600 s; a stopped pre-training keeps its checkpoints (every 1,024 steps), and running the script
-# again with the same OUT_DIR continues from them (and skips a finished one). It needs torch with CUDA and
-# transformers 5.x (the CPU runs of examples/README.md used 5.24).
+# Stage 1 pre-trains the paper's preset once per seed in $SEEDS (default "0 1"), side by side.
+# Stage 2 adapts each pre-trained model in six runs side by side: the three settings at the paper's lr 5e-2,
+# 'all' at lr 1e-2, and 'type_inference' and 'all' with the new CLS tokens at 5e-2 and the pre-trained parameters
+# at 6e-3 (--adapt_pretrained_learning_rate). Several processes share the GPU because one step of this small
+# model (25 tokens of width 128) cannot fill it. Each run writes OUT_DIR/<run>/ and OUT_DIR/<run>.log; the tables
+# go to OUT_DIR/results.md. With CUDA every run uses dynamo's CUDA-graphs backend (FUZZY_ARGS replaces that;
+# FUZZY_ARGS="" runs eagerly). PRETRAIN_LIMIT and ADAPT_LIMIT (seconds, default 330 and 200) bound the stages so
+# that one call fits a 10-minute job; a stopped pre-training keeps a checkpoint every 1,024 steps, and running the
+# script again with the same OUT_DIR continues from it (and skips a finished one).
 set -u
 out=${1:?usage: gpu_fuzzy_boolean.sh OUT_DIR [full|reduced|quick]}
 protocol=${2:-full}
@@ -26,9 +19,10 @@ pretrain_limit=${PRETRAIN_LIMIT:-330}
 adapt_limit=${ADAPT_LIMIT:-200}
 seeds=${SEEDS:-0 1}
 mkdir -p "$out"
-export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Two CPU threads per process: seven processes share the host's cores.
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 python=${PYTHON:-python3}
-common=(--protocol "$protocol" --num_threads 2 --disable_tqdm true --logging_steps 512 --report_to none)
+common=(--protocol "$protocol" --disable_tqdm true --logging_steps 512 --report_to none)
 cuda_graphs=""
 "$python" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null &&
     cuda_graphs="--torch_compile true --torch_compile_backend cudagraphs"

@@ -6,11 +6,13 @@ import functools
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from ni_hf import fuzzy_boolean
 from ni_hf.fuzzy_boolean import (
     FuzzyBooleanFunction,
     evaluate_truth_tables,
@@ -222,9 +224,13 @@ def test_minimal_form_values() -> None:
 
 def test_minimal_form_does_not_depend_on_the_hash_seed() -> None:
     """sympy's choice among minimal covers is the same in every process (torchrun ranks, reruns)."""
+    # The module alone, without the package (whose import of transformers would dominate the test's time).
+    module = Path(fuzzy_boolean.__file__)
     code = (
-        "from ni_hf.fuzzy_boolean import minimal_implicants, sample_functions;"
-        "print([minimal_implicants(f.truth_table) for f in sample_functions(100, 5, seed=0)])"
+        "import importlib.util, sys;"
+        f"spec = importlib.util.spec_from_file_location('fuzzy_boolean', {str(module)!r});"
+        "m = importlib.util.module_from_spec(spec); sys.modules['fuzzy_boolean'] = m; spec.loader.exec_module(m);"
+        "print([m.minimal_implicants(f.truth_table) for f in m.sample_functions(100, 5, seed=0)])"
     )
     outputs = {
         subprocess.run(
