@@ -240,6 +240,7 @@ REMOTE_SCRIPT = textwrap.dedent(
     assert type(config).__module__.startswith("transformers_modules"), type(config).__module__
     model = AutoModelForImageClassification.from_pretrained(path, trust_remote_code=True).eval()
     assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=True)
     images = [Image.fromarray(np.random.default_rng(s).integers(0, 256, (28, 28), dtype=np.uint8)) for s in (0, 1)]
     batch = processor(images=images, return_tensors="pt")
@@ -261,3 +262,4 @@ def test_remote_code_loads_in_a_process_that_cannot_import_ni_hf(checkpoint, tmp
     proc = run_without_ni_hf(REMOTE_SCRIPT, path, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REMOTE_OK []" in proc.stdout
+    assert "attn_implementation='fast' is not registered in this process" in proc.stderr  # says what it runs

@@ -480,7 +480,10 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
                 (name for name in OPTIONAL_IMPLEMENTATIONS if name in ALL_ATTENTION_FUNCTIONS), "sdpa"
             )
             if default == "sdpa":
-                logger.info_once("ni_hf's 'fast' attention is not available here: the model runs 'sdpa'.")
+                logger.warning_once(
+                    "The ni_hf package's attn_implementation='fast' is not registered in this process (this is the "
+                    "checkpoint's copied code): the model runs 'sdpa', which computes the same function."
+                )
             return default
         if requested_attention in ALL_ATTENTION_FUNCTIONS:
             return requested_attention
