@@ -1,0 +1,208 @@
+"""Gradio demo: a Neural Interpreter reads a digit; see its prediction and computational path, live.
+
+Upload or draw a digit, pick the task, and move the controls of dynamic inference: the number of function
+iterations (anytime inference) and a checkbox per function to switch it off; the prediction and the picture of
+which function takes which patch at which iteration update at once.
+
+    python demo/app.py                      # the quickstart model (trained here on first start when absent)
+    python demo/app.py --model CKPT_OR_HUB_ID --port 7860
+    NI_DEMO_MODEL=CKPT python demo/app.py   # the same through the environment (as a Space would set it)
+
+Runs on a CPU. Without --model / NI_DEMO_MODEL it uses runs/sklearn-digits (the README's quickstart command) if
+present, else runs/demo-quickstart, which it trains on first start (demo/quickstart.py, a few minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+try:
+    import ni_hf
+except ImportError:  # a checkout without `pip install -e .`: the package sits in ../src
+    sys.path.insert(0, str(ROOT / "src"))
+    import ni_hf
+from ni_hf import visualization as vis  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from quickstart import train_quickstart_model  # noqa: E402
+
+README_QUICKSTART = ROOT / "runs" / "sklearn-digits"
+
+
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """(checkpoint path or Hub id, a note for the page): the given one, the quickstart's, or one trained now."""
+    model = model or os.environ.get("NI_DEMO_MODEL")
+    if model:
+        return model, f"Model: `{model}`."
+    if (README_QUICKSTART / "config.json").is_file():
+        return str(README_QUICKSTART), f"Model: the README's quickstart model (`{README_QUICKSTART}`)."
+    cache = Path(os.environ.get("NI_DEMO_CACHE", ROOT / "runs" / "demo-quickstart"))
+    if (cache / "config.json").is_file():
+        return str(
+            cache
+        ), f"Model: the quickstart model that this demo trained on an earlier start (`{cache}`)."
+    print(
+        f"No checkpoint given or found: training the quickstart model into {cache} (a few minutes on a CPU)."
+    )
+    result = train_quickstart_model(cache)
+    return str(cache), (
+        f"No checkpoint was given or found, so this demo **trained the quickstart model just now** on scikit-learn's "
+        f"8x8 digits ({result['train_seconds']:.0f} s, {result['test_accuracy']:.1%} on the 360 held-out digits; "
+        f"saved to `{cache}`)."
+    )
+
+
+def prepare_digit(image: Image.Image) -> Image.Image:
+    """Grey, light digit on a black background (inverted when the background is light), cropped square around the ink."""
+    grey = np.asarray(image.convert("L"), dtype=np.float32)
+    if image.mode in ("RGBA", "LA") and np.asarray(image.getchannel("A")).min() < 255:
+        # a drawing: strokes on a transparent canvas; the ink is where alpha is
+        grey = np.asarray(image.getchannel("A"), dtype=np.float32) * (255.0 - grey) / 255.0
+    else:
+        border = np.concatenate([grey[0], grey[-1], grey[:, 0], grey[:, -1]])
+        if np.median(border) > 127:
+            grey = 255.0 - grey
+        # the background to 0 and the ink to 255, as in the training digits (photos are neither)
+        grey = (grey - np.median(255.0 - border if np.median(border) > 127 else border)).clip(0, None)
+        grey = grey * (255.0 / grey.max()) if grey.max() > 0 else grey
+    ink = np.argwhere(grey > 0.25 * grey.max()) if grey.max() > 0 else np.zeros((0, 2))
+    out = Image.fromarray(grey.clip(0, 255).astype(np.uint8))
+    if len(ink):
+        (top, left), (bottom, right) = ink.min(0), ink.max(0) + 1
+        side = int(max(bottom - top, right - left) * 1.3) + 1
+        cy, cx = (top + bottom) // 2, (left + right) // 2
+        box = (cx - side // 2, cy - side // 2, cx - side // 2 + side, cy - side // 2 + side)
+        out = ImageOps.pad(out.crop(box), (side, side), color=0)
+    return out
+
+
+class InterpreterDemo:
+    """The model and its processor; `run` gives the predictions and the computational path for the controls."""
+
+    def __init__(self, model: str) -> None:
+        self.model = ni_hf.NeuralInterpreterForImageClassification.from_pretrained(model).eval()
+        self.processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(model)
+        config = self.model.config
+        self.task_names = list(config.task_names)
+        self.num_functions = config.num_functions
+        self.max_iterations = int(config.iterations_per_script[0])
+        self.num_scripts = config.num_scripts
+
+    def run(
+        self, image: Image.Image, task: str, iterations: int, switched_off: list[str]
+    ) -> tuple[dict[str, float], Image.Image, str]:
+        """(class probabilities, the computational path picture, a one-line summary)."""
+        digit = prepare_digit(image)
+        pixels = self.processor(images=[digit], return_tensors="pt")["pixel_values"]
+        off = sorted(int(name.split()[-1]) for name in switched_off)
+        trace = vis.trace_routing(
+            self.model,
+            pixels,
+            [self.task_names.index(task)],
+            num_function_iterations=int(iterations),
+            disabled_functions=off,
+        )
+        probabilities = trace.probabilities[0]
+        scores = {trace.class_names[i]: float(p) for i, p in enumerate(probabilities)}
+        best = int(probabilities.argmax())
+        summary = (
+            f"Prediction: {trace.class_names[best]} (p = {probabilities[best]:.3f}) after {int(iterations)} of "
+            f"{self.max_iterations} function iterations; functions off: {', '.join(map(str, off)) or 'none'}"
+        )
+        return scores, vis.figure_to_image(vis.plot_computational_path(trace, 0), dpi=80), summary
+
+
+def build_app(demo: InterpreterDemo, note: str) -> Any:
+    """The Gradio Blocks: input image (upload or draw), task, iterations slider, a checkbox per function."""
+    import gradio as gr
+
+    functions = [f"function {u}" for u in range(demo.num_functions)]
+    with gr.Blocks(title="Neural Interpreter: routing", analytics_enabled=False) as app:
+        gr.Markdown(
+            "# Neural Interpreter: which function reads which patch\n"
+            "A Neural Interpreter (Rahaman et al., NeurIPS 2021) routes every patch of the image, and the task's "
+            "CLS token, to its functions at every function iteration: the compatibility C (Eq. 4) of a token's type "
+            "with each function's signature. Upload or draw a digit (light on dark or dark on light), then change "
+            "the number of function iterations or switch functions off and watch the prediction change.\n\n"
+            + note
+        )
+        with gr.Row():
+            with gr.Column(scale=1):
+                with gr.Tab("Upload"):
+                    upload = gr.Image(
+                        type="pil",
+                        label="Digit",
+                        sources=["upload", "clipboard"],
+                        height=280,
+                        elem_id="upload",
+                    )
+                with gr.Tab("Draw"):
+                    sketch = gr.Sketchpad(
+                        type="pil", label="Draw a digit", canvas_size=(280, 280), elem_id="sketch"
+                    )
+                task = gr.Dropdown(demo.task_names, value=demo.task_names[0], label="Task", elem_id="task")
+                iterations = gr.Slider(
+                    1, demo.max_iterations, value=demo.max_iterations, step=1,
+                    label="Function iterations (anytime inference)", elem_id="iterations",
+                )  # fmt: skip
+                switched_off = gr.CheckboxGroup(
+                    functions, value=[], label="Switch functions off", elem_id="off"
+                )
+            with gr.Column(scale=2):
+                summary = gr.Markdown("Upload or draw a digit.", elem_id="summary")
+                scores = gr.Label(num_top_classes=3, label="Prediction", elem_id="prediction")
+                picture = gr.Image(type="pil", label="Computational path", elem_id="path", interactive=False)
+
+        current = gr.State(None)  # the image last uploaded or drawn: the controls re-run on it
+
+        def run(image, task_name, n, off):
+            if image is None:
+                return image, None, None, "Upload or draw a digit."
+            return (image, *demo.run(image, task_name, n, off))
+
+        def drawn(drawing, task_name, n, off):
+            composite = drawing.get("composite") if isinstance(drawing, dict) else None
+            ink = composite is not None and np.asarray(composite.convert("RGBA").getchannel("A")).any()
+            return run(composite if ink else None, task_name, n, off)
+
+        controls = [task, iterations, switched_off]
+        outputs = [current, scores, picture, summary]
+        upload.change(run, [upload, *controls], outputs)
+        sketch.change(drawn, [sketch, *controls], outputs)
+        for component in controls:
+            component.change(run, [current, *controls], outputs)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Neural Interpreter routing demo")
+    parser.add_argument(
+        "--model", default=None, help="checkpoint folder or Hub id (default: NI_DEMO_MODEL, ...)"
+    )
+    parser.add_argument("--host", default=None, help="default: GRADIO_SERVER_NAME, else 127.0.0.1")
+    parser.add_argument("--port", type=int, default=None, help="default: GRADIO_SERVER_PORT, else 7860")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("NI_DEMO_THREADS", "1")))
+    model, note = resolve_model(args.model)
+    app = build_app(InterpreterDemo(model), note)
+    import gradio as gr
+
+    # System fonts: the page then loads nothing from outside the server.
+    theme = gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+    )
+    app.launch(server_name=args.host, server_port=args.port, ssr_mode=False, theme=theme, footer_links=[])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""demo/app.py without a browser: the digit preparation, and that the shown numbers are the model's own."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import ni_hf
+from ni_hf import visualization as vis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_app():
+    """demo/app.py as a module (it is a script in the Spaces layout, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("ni_demo_app", ROOT / "demo" / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ni_demo_app"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+app = load_app()
+
+
+def save_tiny_checkpoint(path: Path) -> Path:
+    """A tiny random Neural Interpreter (3 functions, 2 function iterations, 4x4 patches) and its processor."""
+    torch.manual_seed(0)
+    config = ni_hf.NeuralInterpreterConfig(
+        hidden_size=16, code_dim=8, num_function_iterations=2, num_functions=3, num_attention_heads=2,
+        attention_head_size=4, type_inference_hidden_size=8, type_dim=4, patch_size=8,
+        task_names=["mnist", "mnistm"], num_labels=10, id2label={i: str(i) for i in range(10)},
+    )  # fmt: skip
+    ni_hf.NeuralInterpreterForImageClassification(config).save_pretrained(path)
+    ni_hf.NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(path)
+    return path
+
+
+def dark_on_light_digit() -> Image.Image:
+    image = np.full((60, 80), 250, dtype=np.uint8)
+    image[20:40, 30:36] = 10  # a "1", off centre
+    return Image.fromarray(image)
+
+
+def test_prepare_digit_inverts_and_crops_around_the_ink():
+    digit = np.asarray(app.prepare_digit(dark_on_light_digit()))
+    assert digit.shape[0] == digit.shape[1] == int(20 * 1.3) + 1  # square around the 20-pixel-high stroke
+    assert digit.max() >= 240 and np.median(digit) == 0  # light ink on a dark background
+    ink = np.argwhere(digit > 128)
+    centre = (ink.min(0) + ink.max(0)) / 2
+    assert np.abs(centre - (digit.shape[0] - 1) / 2).max() <= 1.0
+    # the same digit given light on dark comes out the same
+    light = Image.fromarray(255 - np.asarray(dark_on_light_digit()))
+    np.testing.assert_array_equal(np.asarray(app.prepare_digit(light)), digit)
+
+
+def test_prepare_digit_reads_drawings_from_alpha():
+    drawing = np.zeros((50, 50, 4), dtype=np.uint8)
+    drawing[10:30, 20:25] = (0, 0, 0, 255)  # black strokes on a transparent canvas
+    digit = np.asarray(app.prepare_digit(Image.fromarray(drawing, "RGBA")))
+    assert digit.max() == 255 and np.median(digit) == 0
+
+
+def test_demo_shows_the_models_prediction_and_path(tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt")
+    demo = app.InterpreterDemo(str(ckpt))
+    assert demo.task_names == ["mnist", "mnistm"] and demo.max_iterations == 2 and demo.num_functions == 3
+    image = dark_on_light_digit()
+    scores, picture, summary = demo.run(image, "mnistm", 1, ["function 2"])
+    pixels = demo.processor(images=[app.prepare_digit(image)], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        logits = demo.model(pixel_values=pixels, task_ids=torch.tensor([1]), num_function_iterations=1,
+                            disabled_functions=[2]).logits[0]  # fmt: skip
+    probabilities = logits.softmax(-1).numpy()
+    np.testing.assert_allclose([scores[str(i)] for i in range(10)], probabilities, atol=1e-6)
+    best = int(probabilities.argmax())
+    assert summary == (
+        f"Prediction: {best} (p = {probabilities[best]:.3f}) after 1 of 2 function iterations; functions off: 2"
+    )
+    trace = vis.trace_routing(demo.model, pixels, [1], num_function_iterations=1, disabled_functions=[2])
+    expected = vis.figure_to_image(vis.plot_computational_path(trace, 0), dpi=80)
+    np.testing.assert_array_equal(np.asarray(picture), np.asarray(expected))
+    _, full, full_summary = demo.run(image, "mnistm", 2, [])
+    assert full.height > picture.height  # one row of panels per function iteration
+    assert full_summary.endswith("after 2 of 2 function iterations; functions off: none")
+
+
+def test_model_resolution(tmp_path, monkeypatch):
+    monkeypatch.setenv("NI_DEMO_MODEL", "some/hub-id")
+    assert app.resolve_model("local/ckpt") == ("local/ckpt", "Model: `local/ckpt`.")
+    assert app.resolve_model(None)[0] == "some/hub-id"
+    monkeypatch.delenv("NI_DEMO_MODEL")
+    monkeypatch.setattr(app, "README_QUICKSTART", tmp_path / "absent")
+    cache = save_tiny_checkpoint(tmp_path / "cache")
+    monkeypatch.setenv("NI_DEMO_CACHE", str(cache))
+    path, note = app.resolve_model(None)
+    assert path == str(cache) and "trained on an earlier start" in note
+    trained = []
+    monkeypatch.setenv("NI_DEMO_CACHE", str(tmp_path / "new"))
+    monkeypatch.setattr(
+        app,
+        "train_quickstart_model",
+        lambda out: trained.append(out) or {"train_seconds": 5, "test_accuracy": 0.9},
+    )
+    path, note = app.resolve_model(None)
+    assert trained == [tmp_path / "new"] and path == str(tmp_path / "new")
+    assert "trained the quickstart model just now" in note and "90.0%" in note
+
+
+def test_app_builds(tmp_path):
+    pytest.importorskip("gradio")
+    demo = app.InterpreterDemo(str(save_tiny_checkpoint(tmp_path / "ckpt")))
+    blocks = app.build_app(demo, "note")
+    ids = {getattr(block, "elem_id", None) for block in blocks.blocks.values()}
+    assert {"upload", "sketch", "task", "iterations", "off", "summary", "prediction", "path"} <= ids
