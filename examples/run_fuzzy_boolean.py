@@ -47,10 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import jinja2
 import numpy as np
 import torch
 from transformers import EvalPrediction, HfArgumentParser, Trainer, TrainingArguments, set_seed
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer import TRAINER_STATE_NAME
 
 try:
     import ni_hf
@@ -288,6 +289,28 @@ def total_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def check_push(args: TrainingArguments) -> None:
+    """Refuse --push_to_hub where the upload at the end of the run cannot work: offline, no token, a bad repo id."""
+    from huggingface_hub import constants, get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            "--push_to_hub: HF_HUB_OFFLINE is set, so the upload would fail; unset it, or drop --push_to_hub and "
+            "upload the output folder later with `hf upload`."
+        )
+    if not (args.hub_token or get_token()):
+        raise ValueError(
+            "--push_to_hub needs a write token: run `hf auth login`, set HF_TOKEN, or pass --hub_token."
+        )
+    repo_id = args.hub_model_id or Path(args.output_dir).absolute().name
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        option = "--hub_model_id" if args.hub_model_id else "--output_dir's name (pass --hub_model_id)"
+        raise ValueError(f"{option} {repo_id!r} is not a Hub repo id: {error}") from None
+
+
 def check_arguments(exp: FuzzyBooleanArguments, args: TrainingArguments) -> dict[str, Any]:
     """Refuse, naming the option, every value that would fail or be ignored later; return the protocol's sizes."""
     sizes = exp.resolved()
@@ -348,6 +371,22 @@ def check_arguments(exp: FuzzyBooleanArguments, args: TrainingArguments) -> dict
         )
     if not Path(exp.model_card_template).is_file():
         raise ValueError(f"--model_card_template {exp.model_card_template} does not exist.")
+    try:
+        jinja2.Environment().parse(Path(exp.model_card_template).read_text())
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(
+            f"--model_card_template {exp.model_card_template}: {error} (line {error.lineno})."
+        ) from None
+    if args.torch_compile:
+        from torch import _dynamo
+
+        if args.torch_compile_backend not in _dynamo.list_backends(exclude_tags=()):
+            raise ValueError(
+                f"--torch_compile_backend {args.torch_compile_backend!r} is not a backend of torch.compile; "
+                f"expected one of {_dynamo.list_backends()}."
+            )
+    if args.push_to_hub:
+        check_push(args)
     resume = args.resume_from_checkpoint
     if exp.pretrained_model:
         if resume:
@@ -361,10 +400,12 @@ def check_arguments(exp: FuzzyBooleanArguments, args: TrainingArguments) -> dict
                 f"--pretrained_model {exp.pretrained_model} regresses {config.num_tasks} functions; pass "
                 f"--num_pretrain_functions {config.num_tasks} so that its test data match."
             )
-    elif resume and resume.lower() not in ("true", "last", "false", "none") and not Path(resume).is_dir():
-        raise ValueError(
-            f"--resume_from_checkpoint {resume}: no such directory (or 'last' for the newest checkpoint)."
-        )
+    elif resume and resume.lower() not in ("true", "last", "false", "none"):
+        if not (Path(resume) / TRAINER_STATE_NAME).is_file():
+            raise ValueError(
+                f"--resume_from_checkpoint {resume}: not a complete checkpoint (no {TRAINER_STATE_NAME}); pass a "
+                "checkpoint-* folder, or 'last' for the newest complete one."
+            )
     if args.per_device_eval_batch_size < 1:
         raise ValueError(
             f"--per_device_eval_batch_size must be at least 1, got {args.per_device_eval_batch_size}."
@@ -551,12 +592,20 @@ def pretraining_resume_point(resume_from_checkpoint: str | None, pretrain_dir: P
     ``checkpoint-*`` in ``pretrain_dir``, or None when there is none yet (so one command starts and continues)."""
     if not resume_from_checkpoint or resume_from_checkpoint.lower() in ("false", "none"):
         return None
-    if resume_from_checkpoint.lower() in ("true", "last"):
-        last = get_last_checkpoint(str(pretrain_dir)) if pretrain_dir.is_dir() else None
-        if last is None:
-            logger.info("No checkpoint-* in %s yet: pre-training starts from scratch", pretrain_dir)
-        return last
-    return resume_from_checkpoint
+    if resume_from_checkpoint.lower() not in ("true", "last"):
+        return resume_from_checkpoint
+    # A process killed while saving leaves a checkpoint without trainer_state.json (written last): skip it.
+    checkpoints = sorted(
+        (p for p in pretrain_dir.glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()),
+        key=lambda p: int(p.name[11:]),
+        reverse=True,
+    )
+    for checkpoint in checkpoints:
+        if (checkpoint / TRAINER_STATE_NAME).is_file():
+            return str(checkpoint)
+        logger.warning("Skipped %s: no %s, an incomplete checkpoint", checkpoint, TRAINER_STATE_NAME)
+    logger.info("No complete checkpoint-* in %s yet: pre-training starts from scratch", pretrain_dir)
+    return None
 
 
 def evaluate(

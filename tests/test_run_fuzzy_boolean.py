@@ -198,12 +198,17 @@ def test_model_card_carries_the_measured_r2_and_its_snippet_loads_every_model_wi
         )
 
 
-def test_offline_push_fails_clearly_after_saving_everything(
+def test_a_failed_push_says_how_to_upload_later_after_saving_everything(
     script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import huggingface_hub.constants
+    """The upload comes last: when the Hub cannot be reached then, everything is saved and the log says how to
+    upload it later; the script exits with status 1."""
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    def unreachable(*args: Any, **kwargs: Any) -> str:
+        raise ConnectionError("the network is unreachable")
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    monkeypatch.setattr(script, "push_folder", unreachable)
     output_dir = tmp_path / "out"
     with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exit_info:
         script.main(
@@ -212,7 +217,7 @@ def test_offline_push_fails_clearly_after_saving_everything(
         )
     assert exit_info.value.code == 1
     failure = [r.getMessage() for r in caplog.records if "--push_to_hub failed" in r.getMessage()]
-    assert failure and "HF_HUB_OFFLINE" in failure[0] and "hf upload me/fuzzy-boolean" in failure[0]
+    assert failure and "network is unreachable" in failure[0] and "hf upload me/fuzzy-boolean" in failure[0]
     for name in ("README.md", "fuzzy_boolean_results.json", "modeling_neural_interpreter.py"):
         assert (output_dir / name).is_file(), name
     assert (output_dir / "adapt-cls_tokens" / "model.safetensors").is_file()
@@ -380,13 +385,18 @@ def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: Module
     )
 
 
-def test_resume_point(script: ModuleType, tmp_path: Path) -> None:
-    """'last' picks the newest checkpoint, or none yet; a path is taken as given (check_arguments checked it)."""
+def test_resume_point(script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """'last' picks the newest complete checkpoint (one killed while saving has no trainer_state.json and is
+    skipped, with a warning), or none yet; a path is taken as given (check_arguments checked it)."""
     assert script.pretraining_resume_point(None, tmp_path) is None
     assert script.pretraining_resume_point("last", tmp_path / "absent") is None
-    for step in (2, 10):
+    for step in (2, 10, 12):
         (tmp_path / f"checkpoint-{step}").mkdir()
-    assert script.pretraining_resume_point("last", tmp_path) == str(tmp_path / "checkpoint-10")
+        if step != 12:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    with caplog.at_level(logging.WARNING):
+        assert script.pretraining_resume_point("last", tmp_path) == str(tmp_path / "checkpoint-10")
+    assert f"Skipped {tmp_path / 'checkpoint-12'}: no trainer_state.json" in caplog.text
     assert script.pretraining_resume_point("true", tmp_path) == str(tmp_path / "checkpoint-10")
     assert script.pretraining_resume_point(str(tmp_path / "checkpoint-2"), tmp_path) == str(
         tmp_path / "checkpoint-2"
@@ -479,7 +489,11 @@ BAD_ARGUMENTS = [
     (["--pretrained_model", f"{NO_SUCH}/pretrain"], "--pretrained_model .*: no such directory"),
     (
         ["--resume_from_checkpoint", f"{NO_SUCH}/checkpoint-7"],
-        "--resume_from_checkpoint .*checkpoint-7: no such",
+        "--resume_from_checkpoint .*checkpoint-7: not a complete checkpoint",
+    ),
+    (
+        ["--torch_compile_backend", "inductr"],
+        "--torch_compile_backend 'inductr' is not a backend of torch.compile",
     ),
     (
         ["--num_adapt_functions", "1000000000"],
@@ -558,3 +572,74 @@ def test_a_pretrained_model_of_other_functions_is_refused(
     with pytest.raises(ValueError, match="--pretrained_model skips it: drop one"):
         script.main(["--protocol", "quick", "--pretrained_model", pretrained, "--resume_from_checkpoint", "last",
                      "--output_dir", str(tmp_path / "o")])  # fmt: skip
+
+
+def test_an_incomplete_checkpoint_is_refused(script: ModuleType, tmp_path: Path, no_work: None) -> None:
+    checkpoint = tmp_path / "checkpoint-8"
+    checkpoint.mkdir()  # weights may be there, but trainer_state.json (written last) is not
+    with pytest.raises(
+        ValueError, match="--resume_from_checkpoint .*checkpoint-8: not a complete checkpoint"
+    ):
+        script.main(
+            [
+                "--protocol",
+                "quick",
+                "--resume_from_checkpoint",
+                str(checkpoint),
+                "--output_dir",
+                str(tmp_path / "o"),
+            ]
+        )
+
+
+def test_a_model_card_template_that_does_not_parse_is_refused(
+    script: ModuleType, tmp_path: Path, no_work: None
+) -> None:
+    template = tmp_path / "card.md"
+    template.write_text("# {{ model_name }\n")
+    with pytest.raises(ValueError, match=r"--model_card_template .*card.md: .*\(line 1\)"):
+        script.main(
+            [
+                "--protocol",
+                "quick",
+                "--model_card_template",
+                str(template),
+                "--output_dir",
+                str(tmp_path / "o"),
+            ]
+        )
+
+
+@pytest.mark.parametrize(
+    ("offline", "token", "repo_id", "match"),
+    [
+        (True, "hf_test", "me/fb", "--push_to_hub: HF_HUB_OFFLINE is set"),
+        (False, None, "me/fb", "--push_to_hub needs a write token"),
+        (False, "hf_test", "me/fb/extra", "--hub_model_id 'me/fb/extra' is not a Hub repo id"),
+    ],
+)
+def test_a_push_that_cannot_work_is_refused_before_any_work(
+    script: ModuleType,
+    tmp_path: Path,
+    no_work: None,
+    monkeypatch: pytest.MonkeyPatch,
+    offline: bool,
+    token: str | None,
+    repo_id: str,
+    match: str,
+) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
+    args = [
+        "--protocol",
+        "quick",
+        "--push_to_hub",
+        "--hub_model_id",
+        repo_id,
+        "--output_dir",
+        str(tmp_path / "o"),
+    ]
+    with pytest.raises(ValueError, match=match):
+        script.main(args)
