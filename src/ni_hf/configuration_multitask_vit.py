@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import functools
@@ -9,6 +10,9 @@ from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import PretrainedConfig, ViTConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # The paper's digits ViT baseline (appendix, Figure 4a): 8 pre-norm layers, d = 192, 3 heads of 64, MLP 192, 4x4
 # patches of 32x32 RGB images, one CLS token and head per pre-training dataset. The reference's transformer
@@ -115,8 +119,16 @@ def _pretrained_config_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
+# True while `from_dict` builds a config: a config.json may hold attributes set on a config at run time (as
+# transformers' own tests do), so unknown keys read from a file are warned about, not refused.
+_LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("ni_hf_loading_vit_config", default=False)
+
+
 def _check_extra_keys(config_class: type, extra: dict[str, Any]) -> None:
-    """Refuse keyword arguments that are neither the config's fields nor `PretrainedConfig`'s known keys."""
+    """Refuse keyword arguments that are neither the config's fields nor `PretrainedConfig`'s known keys.
+
+    While `from_dict` loads a file, an unknown key is a warning instead.
+    """
     own = {field.name for field in dataclasses.fields(config_class)}
     known = own | _pretrained_config_keys()
     unknown = [key for key in extra if not key.startswith("_") and key not in known]
@@ -127,7 +139,11 @@ def _check_extra_keys(config_class: type, extra: dict[str, Any]) -> None:
         f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key) for key, close in closest.items()
     )
     listed = "" if all(closest.values()) else f" Its settings are {sorted(own)}."
-    raise TypeError(f"{config_class.__name__} got unknown setting(s) {named}.{listed}")
+    message = f"{config_class.__name__} got unknown setting(s) {named}.{listed}"
+    if _LOADING.get():
+        logger.warning(f"{message} Kept as attributes; the model does not read them.")
+        return
+    raise TypeError(message)
 
 
 @strict
@@ -183,8 +199,12 @@ class MultiTaskViTConfig(ViTConfig):
     def from_dict(
         cls, config_dict: dict[str, Any], **kwargs: Any
     ) -> MultiTaskViTConfig | tuple[MultiTaskViTConfig, dict[str, Any]]:
-        """As `PretrainedConfig.from_dict`, and validated again: it sets the kwargs after `__init__`."""
-        result = super().from_dict(config_dict, **kwargs)
+        """As `PretrainedConfig.from_dict` (unknown keys warned about), validated again after the kwargs are set."""
+        loading = _LOADING.set(True)
+        try:
+            result = super().from_dict(config_dict, **kwargs)
+        finally:
+            _LOADING.reset(loading)
         config = result[0] if isinstance(result, tuple) else result
         if config.task_names is None:
             config.task_names = ["default"]

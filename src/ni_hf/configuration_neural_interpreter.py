@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import functools
@@ -13,6 +14,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from transformers import PretrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # Where the learned positions of set inputs enter: once at the input, or inside every LOC (the reference's default).
 POSITION_PLACEMENTS = ("input", "every_loc")
@@ -174,10 +178,16 @@ def init_settings(config_class: type) -> set[str]:
     return {p.name for p in parameters if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
 
 
+# True while `from_dict` builds a config: a config.json may hold attributes set on a config at run time (as
+# transformers' own tests do), so unknown keys read from a file are warned about, not refused.
+_LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("ni_hf_loading_config", default=False)
+
+
 def check_config_keys(config_class: type, own_keys: Iterable[str], kwargs: Iterable[str]) -> None:
     """Refuse keyword arguments that are neither the config's own settings nor `PretrainedConfig`'s.
 
     Keys starting with "_" (transformers' private state) pass; a misspelt key is named with the closest setting.
+    While `from_dict` loads a file, an unknown key is a warning instead.
     """
     own = set(own_keys)
     known = own | _pretrained_config_keys()
@@ -191,7 +201,11 @@ def check_config_keys(config_class: type, own_keys: Iterable[str], kwargs: Itera
     listed = (
         "" if all(closest.values()) else f" Its own settings are {sorted(own)}, besides PretrainedConfig's."
     )
-    raise TypeError(f"{config_class.__name__} got unknown setting(s) {named}.{listed}")
+    message = f"{config_class.__name__} got unknown setting(s) {named}.{listed}"
+    if _LOADING.get():
+        logger.warning(f"{message} Kept as attributes; the model does not read them.")
+        return
+    raise TypeError(message)
 
 
 # Label names that `from_paper` gives a preset unless the caller sets the labels (kept out of PAPER_PRESETS,
@@ -387,8 +401,12 @@ class NeuralInterpreterConfig(PretrainedConfig):
     def from_dict(
         cls, config_dict: dict[str, Any], **kwargs: Any
     ) -> NeuralInterpreterConfig | tuple[NeuralInterpreterConfig, dict[str, Any]]:
-        """As `PretrainedConfig.from_dict`, and validated again: it sets the kwargs after `__init__`."""
-        result = super().from_dict(config_dict, **kwargs)
+        """As `PretrainedConfig.from_dict` (unknown keys warned about), validated again after the kwargs are set."""
+        loading = _LOADING.set(True)
+        try:
+            result = super().from_dict(config_dict, **kwargs)
+        finally:
+            _LOADING.reset(loading)
         config = result[0] if isinstance(result, tuple) else result
         if config.task_names is None:
             config.task_names = ["default"]
