@@ -104,9 +104,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"float32, CPU ({env['date']})",
         "",
         f"`{env['command']}`; {env['cpu']} ({env['cpu_usable_cores']} usable cores), {results['threads']} threads, "
-        f"torch {env['torch']}"
-        + (f" (MKL code path {env['mkl_code_path']})" if env.get("mkl_code_path") is not None else "")
-        + (f", LD_PRELOAD={env['ld_preload']}" if env.get("ld_preload") else "")
+        f"torch {env['torch']}, commit {env['commit']}"
         + f", onnxruntime {results['onnxruntime']}, {results['repeats']} repeats after "
         f"{results['warmup']} warm-up rounds; export took {results['export_seconds']:.1f} s, the ONNX files "
         f"(graph and weights) are {results['onnx_megabytes']:.2f} MB; largest |logit difference| {results['max_abs_logit_difference']:.2e}.",

@@ -6,7 +6,7 @@
 #               training and 1,000 test images) from ../shared/data, about 35 MiB: what fits the 64 MiB transfer.
 # Both folders are added to .git/info/exclude. On the machine:
 #   pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-#   bash benchmarks/gpu_suite.sh "$OUT" diagnose,tests
+#   bash benchmarks/gpu_suite.sh "$OUT"
 #
 #   bash benchmarks/prepare_device_files.sh [SHARED_DATA_DIR]   (default ../shared/data)
 set -euo pipefail
@@ -17,7 +17,7 @@ for path in /.whl/ /.gpu/; do
 done
 version() { "$python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 specs=()
-for name in transformers datasets evaluate dill multiprocess; do
+for name in transformers datasets evaluate dill multiprocess kornia kornia_rs; do
     specs+=("$name==$(version "$name")")
 done
 rm -rf .whl && mkdir -p .whl
