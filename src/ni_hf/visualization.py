@@ -406,7 +406,7 @@ def _new_figure(width: float, height: float) -> Figure:
 
 def _token_name(trace: RoutingTrace, token: int) -> str:
     if token < trace.num_task_tokens:
-        return f"CLS of {trace.task_names[token]}"
+        return f"CLS token of {trace.task_names[token]}"
     return f"patch {token - trace.num_task_tokens}"
 
 
@@ -428,23 +428,30 @@ def _title(trace: RoutingTrace, index: int) -> str:
 def plot_computational_path(trace: RoutingTrace, index: int = 0) -> Figure:
     """Computational path of one image: C of each function (columns) at each function iteration (rows), on the image.
 
-    Each panel shades the patches by C_ui of that function (0 to 1) and gives C of the sample's own CLS token;
-    the last column shows C for every task's CLS token (rows: tasks).
+    The first column shows the input; each panel shades the patches by C_ui of that function (0 to 1) and gives C
+    of the sample's own CLS token; with several tasks, a last column shows C for every task's CLS token.
     """
     data = computational_path_data(trace, index)
     patches, cls = data["patches"], data["task_tokens"]
     k, u = patches.shape[:2]
     rows = max(k, 1)
-    fig = _new_figure(1.55 * (u + 1) + 0.6, 1.5 * rows + 0.7)
-    axes = fig.subplots(rows, u + 1, squeeze=False)
+    tasks_column = trace.num_task_tokens > 1
+    columns = u + 1 + tasks_column
+    fig = _new_figure(1.55 * columns + 0.9, 1.5 * rows + 0.7)
+    axes = fig.subplots(rows, columns, squeeze=False)
     image = trace.images[index] if trace.images is not None else None
     grey = image.mean(-1) if image is not None else None
     extent = (0, trace.grid[1], trace.grid[0], 0)
+    for ax in axes[:, 0]:
+        ax.axis("off")
+    if image is not None:
+        axes[0, 0].imshow(image, extent=extent, interpolation="nearest")
+        axes[0, 0].set_title("input", fontsize=9)
     mappable = None
     own = data["task_id"]
     for i in range(k):
         for f in range(u):
-            ax = axes[i, f]
+            ax = axes[i, f + 1]
             if grey is not None:
                 ax.imshow(grey, cmap="gray", extent=extent, interpolation="nearest")
             mappable = ax.imshow(
@@ -452,30 +459,30 @@ def plot_computational_path(trace: RoutingTrace, index: int = 0) -> Figure:
                 cmap="magma",
                 vmin=0.0,
                 vmax=1.0,
-                alpha=0.65,
+                alpha=0.7,
                 extent=extent,
                 interpolation="nearest",
             )
             ax.set_xticks([])
             ax.set_yticks([])
-            off = f in trace.disabled_functions
-            ax.set_title(f"CLS {cls[i, own, f]:.2f}" + (" (off)" if off else ""), fontsize=8)
-            if i == 0:
-                ax.set_title(f"function {f}\n" + ax.get_title(), fontsize=9)
+            off = " (off)" if f in trace.disabled_functions else ""
+            title = f"CLS {cls[i, own, f]:.2f}{off}"
+            ax.set_title(f"function {f}\n{title}" if i == 0 else title, fontsize=9 if i == 0 else 8)
             if f == 0:
                 ax.set_ylabel(_step_name(trace.steps, i), fontsize=9)
-        ax = axes[i, u]
-        ax.imshow(cls[i], cmap="magma", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
-        ax.set_xticks(range(u))
-        ax.set_yticks(range(len(trace.task_names)))
-        ax.set_yticklabels([n[:14] for n in trace.task_names], fontsize=6)
-        ax.tick_params(axis="x", labelsize=6)
-        if i == 0:
-            ax.set_title("task tokens\n(C per function)", fontsize=9)
+        if tasks_column:
+            ax = axes[i, -1]
+            ax.imshow(cls[i], cmap="magma", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+            ax.set_xticks(range(u))
+            ax.set_yticks(range(len(trace.task_names)))
+            ax.set_yticklabels([n[:14] for n in trace.task_names], fontsize=6)
+            ax.tick_params(axis="x", labelsize=6)
+            if i == 0:
+                ax.set_title("task tokens\n(C per function)", fontsize=9)
     if k == 0:
-        axes[0, 0].set_title("no function iteration")
+        axes[0, -1].set_title("no function iteration")
     if mappable is not None:
-        fig.colorbar(mappable, ax=axes[:, :u].ravel().tolist(), shrink=0.6, label="compatibility C")
+        fig.colorbar(mappable, ax=axes[:, 1 : u + 1].ravel().tolist(), shrink=0.6, label="compatibility C")
     fig.suptitle(_title(trace, index), fontsize=10)
     return fig
 
@@ -584,7 +591,7 @@ def plot_attention(
 ) -> Figure:
     """Eq. 6's weights W of one function and head for one query token: on the patch grid, and on the task tokens."""
     data = attention_data(trace, index, step, function, head, token, loc)
-    fig = _new_figure(5.2, 2.8)
+    fig = _new_figure(6.4, 3.2)
     ax_img, ax_cls = fig.subplots(1, 2, width_ratios=[3, 1])
     extent = (0, trace.grid[1], trace.grid[0], 0)
     if trace.images is not None:
@@ -614,8 +621,8 @@ def plot_attention(
     fig.colorbar(mappable, ax=ax_img, shrink=0.8)
     script, it = data["step"]
     fig.suptitle(
-        f"Eq. 6 weights, function {function}, head {head}, iteration {it + 1}: what {_token_name(trace, q)} reads "
-        f"(its C = {data['query_compatibility']:.2f})",
+        f"Eq. 6 weights W of function {function}, head {head}, iteration {it + 1}:\n"
+        f"what the {_token_name(trace, q)} reads (its C = {data['query_compatibility']:.2f})",
         fontsize=8,
     )
     return fig
