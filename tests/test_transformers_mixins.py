@@ -250,20 +250,23 @@ class NeuralInterpreterModelTest(ModelTesterMixin, unittest.TestCase):
             *self.model_tester.prepare_config_and_inputs()
         )
 
-    @unittest.skip(reason="Images only: no `inputs_embeds` for the image models (as ViT)")
+    @unittest.skip(reason="No `input_ids`: the mixin makes `inputs_embeds` from token ids (as ViT skips it)")
     def test_inputs_embeds(self) -> None:
         pass
 
-    @unittest.skip(reason="Images only: no `inputs_embeds` for the image models (as ViT)")
+    @unittest.skip(reason="No `input_ids`: the mixin makes `inputs_embeds` from token ids (as ViT skips it)")
     def test_inputs_embeds_matches_input_ids(self) -> None:
         pass
 
     def test_model_get_set_embeddings(self) -> None:
-        """As ViT's override: the input embedding is the patch projection, not a token embedding."""
+        """The mixin's test with a patch projection where it expects an `nn.Embedding` of tokens (as ViT's)."""
         config, _ = self.model_tester.prepare_config_and_inputs_for_common()
         for model_class in self.all_model_classes:
             model = model_class(config)
             self.assertIsInstance(model.get_input_embeddings(), torch.nn.Module)
+            new_projection = torch.nn.Linear(12, self.model_tester.hidden_size)
+            model.set_input_embeddings(new_projection)
+            self.assertIs(model.get_input_embeddings(), new_projection)
             output = model.get_output_embeddings()
             self.assertTrue(output is None or isinstance(output, torch.nn.Linear))
 
