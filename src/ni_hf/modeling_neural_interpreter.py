@@ -494,7 +494,7 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
             )
             return "sdpa"
         raise ValueError(
-            f"attn_implementation={requested_attention!r} is not a Neural Interpreter attention implementation; "
+            f'Specified `attn_implementation="{requested_attention}"` is not supported by Neural Interpreters: '
             f"expected one of {sorted(ALL_ATTENTION_FUNCTIONS)} (register more with "
             "NeuralInterpreterAttentionInterface.register)."
         )
