@@ -52,7 +52,7 @@ from ni_hf.digits_data import (
     resolve_dataset_source,
 )
 from ni_hf.evaluation import CopiedPredictionsMixin, load_multitask_accuracy
-from ni_hf.model_card import TaskCardInfo, write_digits_model_card
+from ni_hf.model_card import digits_task_info, write_digits_model_card
 from ni_hf.paths import check_model_path
 from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
 
@@ -78,14 +78,6 @@ PRESETS: dict[str, list[str]] = {
         "--randaugment_operations", "rotate", "shear_x", "shear_y", "translate_x", "translate_y",
     ],
 }  # fmt: skip
-PRETTY_NAMES = {
-    "mnist": "MNIST",
-    "mnistm": "MNIST-M",
-    "svhn": "SVHN (cropped digits)",
-    "kmnist": "Kuzushiji-MNIST",
-    "fashion_mnist": "Fashion-MNIST",
-    SKLEARN_TASK: "scikit-learn digits (8x8)",
-}
 
 
 @dataclass
@@ -587,7 +579,7 @@ def run(
         )
     elif trainer.is_world_process_zero():
         tasks = [
-            task_card_info(name, source, data_args.data_dir, train_counts[i], eval_counts[i], eval_metrics)
+            digits_task_info(name, source, data_args.data_dir, train_counts[i], eval_counts[i], eval_metrics)
             for i, name in enumerate(task_names)
         ]
         command, launcher_note = reconstruct_command(__file__, argv, args.world_size)
@@ -635,33 +627,6 @@ def run(
         logger.info(f"Pushed to {url}")
     trainer.end()
     return {**train_metrics, **eval_metrics}
-
-
-def task_card_info(
-    name: str, source: str, data_dir: str | None, n_train: int, n_eval: int, eval_metrics: dict[str, Any]
-) -> TaskCardInfo:
-    """What the model card says about one dataset."""
-    spec = HUB_DATASETS.get(name)
-    if source == "hub" and spec is not None:
-        dataset_id, config_name, origin = spec.repo_id, spec.config, f"Hub: `{spec.repo_id}`"
-    elif source == "sklearn":
-        dataset_id, config_name, origin = (
-            name,
-            None,
-            "scikit-learn `load_digits` (stratified 80/20 split, seed 0)",
-        )
-    else:
-        dataset_id, config_name, origin = name, None, f"local files under `{data_dir}`"
-    return TaskCardInfo(
-        name=name,
-        dataset_id=dataset_id,
-        pretty_name=PRETTY_NAMES.get(name, name),
-        source=origin,
-        train_samples=n_train,
-        eval_samples=int(eval_metrics.get(f"eval_num_samples_{name}", n_eval)),
-        accuracy=eval_metrics.get(f"eval_accuracy_{name}"),
-        dataset_config=config_name,
-    )
 
 
 if __name__ == "__main__":

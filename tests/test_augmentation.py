@@ -131,3 +131,13 @@ def test_other_normalizations_round_trip():
     images = (raw - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
     augment = BatchRandAugment(num_ops=1, probability=0.0, image_mean=mean, image_std=std)
     torch.testing.assert_close(augment(images), images)
+
+
+def test_geometric_operations_fill_with_the_mean_like_timm():
+    """A black image translated: the columns moved in from outside are the mean (0 once normalized), not black."""
+    torch.manual_seed(0)
+    black = -torch.ones(4, 3, 32, 32)
+    out = BatchRandAugment(num_ops=1, magnitude=5, probability=1.0, operations=["translate_x"])(black)
+    filled = (out.abs() < 1e-5).all(dim=(1, 2))  # (B, W): columns that are the mean in every row and channel
+    assert (filled.sum(dim=1) >= 6).all(), filled.sum(dim=1)
+    assert ((out + 1).abs() < 1e-5).any()  # the image itself stays black

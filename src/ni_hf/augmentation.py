@@ -7,10 +7,11 @@ Magnitudes are on timm's 0-10 scale (kornia's is 0-30); rotation, shear and tran
 (:data:`RANDAUGMENT_POLICY`). Random draws use torch's global generator, so ``transformers.set_seed`` makes them
 reproducible and a resumed ``Trainer`` replays them.
 
+Pixels that a geometric operation moves in from outside the image get the processor's mean (timm's fill; kornia's
+would be black): those operations run on the images minus the mean, so that kornia's zero padding is the mean.
 Differences from timm's PIL RandAugment: kornia draws one operation per layer for the whole batch (timm: per
-image; every image still gets its own random sign and its own coin for ``probability``), fills pixels moved in
-from outside the image with black (timm: the processor's mean), and uses its own ranges for the colour
-operations.
+image; every image still gets its own random sign and its own coin for ``probability``), and uses its own ranges
+for the colour operations.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ RANDAUGMENT_POLICY: list[tuple[str, float, float]] = [
     ("translate_y", -0.45, 0.45),
 ]
 OPERATION_NAMES = [name for name, _, _ in RANDAUGMENT_POLICY]
+GEOMETRIC_OPERATIONS = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 
 
 def select_operations(names: Sequence[str] | None) -> list[tuple[str, float, float]]:
@@ -81,11 +83,13 @@ class BatchRandAugment(nn.Module):
             raise ValueError(f"RandAugment probability must lie in [0, 1], got {probability}.")
         self.num_ops, self.magnitude, self.probability = num_ops, magnitude, probability
         self.policy = select_operations(operations)
-        # One kornia layer per op, so that each layer gets its own per-image coin, as in timm.
-        self.layers = nn.ModuleList(
-            RandAugment(n=1, m=3 * magnitude, policy=[[entry] for entry in self.policy])
-            for _ in range(num_ops)
-        )
+        # Geometric and colour operations apart, so that the geometric ones can pad with the mean; a layer picks
+        # a group with probability proportional to its size, which keeps the pick uniform over the policy.
+        geometric = [[entry] for entry in self.policy if entry[0] in GEOMETRIC_OPERATIONS]
+        colour = [[entry] for entry in self.policy if entry[0] not in GEOMETRIC_OPERATIONS]
+        self.geometric = RandAugment(n=1, m=3 * magnitude, policy=geometric) if geometric else None
+        self.colour = RandAugment(n=1, m=3 * magnitude, policy=colour) if colour else None
+        self.geometric_share = len(geometric) / len(self.policy)
         self.register_buffer(
             "mean", torch.tensor(image_mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False
         )
@@ -105,8 +109,12 @@ class BatchRandAugment(nn.Module):
                 f"BatchRandAugment takes (B, C, H, W) images, got shape {tuple(pixel_values.shape)}."
             )
         images = (pixel_values.float() * self.std + self.mean).clamp(0, 1)
-        for layer in self.layers:
-            augmented = layer(images).clamp(0, 1)
+        for _ in range(self.num_ops):
+            if self.colour is None or (self.geometric is not None and torch.rand(()) < self.geometric_share):
+                augmented = self.geometric(images - self.mean) + self.mean
+            else:
+                augmented = self.colour(images)
+            augmented = augmented.clamp(0, 1)
             applied = torch.rand(images.shape[0], 1, 1, 1, device=images.device) < self.probability
             images = torch.where(applied, augmented, images)
         return ((images - self.mean) / self.std).to(pixel_values.dtype)

@@ -28,6 +28,7 @@ __all__ = [
     "build_digits_model_card",
     "build_fuzzy_boolean_model_card",
     "describe_hardware",
+    "digits_task_info",
     "digits_eval_results",
     "fuzzy_boolean_eval_results",
     "mixed_precision",
@@ -137,6 +138,45 @@ def describe_hardware(device: str | None = None, world_size: int = 1, mixed_prec
     parts.append(f"mixed precision: {mixed_precision}")
     parts.append(f"torch {torch.__version__}")
     return "; ".join(parts)
+
+
+DIGITS_PRETTY_NAMES = {
+    "mnist": "MNIST",
+    "mnistm": "MNIST-M",
+    "svhn": "SVHN (cropped digits)",
+    "kmnist": "Kuzushiji-MNIST",
+    "fashion_mnist": "Fashion-MNIST",
+    "sklearn_digits": "scikit-learn digits (8x8)",
+}
+
+
+def digits_task_info(
+    name: str, source: str, data_dir: str | None, n_train: int, n_eval: int, eval_metrics: Mapping[str, Any]
+) -> TaskCardInfo:
+    """What a digits card says about one dataset: where it came from, its sizes, its measured accuracy."""
+    from .digits_data import HUB_DATASETS
+
+    spec = HUB_DATASETS.get(name)
+    if source == "hub" and spec is not None:
+        dataset_id, config_name, origin = spec.repo_id, spec.config, f"Hub: `{spec.repo_id}`"
+    elif source == "sklearn":
+        dataset_id, config_name, origin = (
+            name,
+            None,
+            "scikit-learn `load_digits` (stratified 80/20 split, seed 0)",
+        )
+    else:
+        dataset_id, config_name, origin = name, None, f"local files under `{data_dir}`"
+    return TaskCardInfo(
+        name=name,
+        dataset_id=dataset_id,
+        pretty_name=DIGITS_PRETTY_NAMES.get(name, name),
+        source=origin,
+        train_samples=n_train,
+        eval_samples=int(eval_metrics.get(f"eval_num_samples_{name}", n_eval)),
+        accuracy=eval_metrics.get(f"eval_accuracy_{name}"),
+        dataset_config=config_name,
+    )
 
 
 def digits_eval_results(tasks: Sequence[TaskCardInfo], split: str = "test") -> list[EvalResult]:
