@@ -118,9 +118,8 @@ PHASE_FIELDS = {
 NUM_VARIABLES = 5
 RESULTS_JSON = "fuzzy_boolean_results.json"
 RESULTS_MD = "fuzzy_boolean_results.md"
-CODE_FILES = ("configuration_neural_interpreter.py", "modeling_neural_interpreter.py")
 DENSITY_POINTS = 4096
-"""Test points on which each model's routing density is measured (a few seconds even on a CPU)."""
+"""Test points on which each model's routing density is measured."""
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "fuzzy_boolean_template.md"
 
 
@@ -762,10 +761,8 @@ def write_model_card(
         for name in ("pretrain", *(f"adapt-{setting}" for setting in results["adaptation"]))
         if (output_dir / name / "config.json").is_file()
     ]
-    for name in CODE_FILES:
-        source = next((output_dir / f / name for f in folders if (output_dir / f / name).is_file()), None)
-        if source is not None:
-            shutil.copyfile(source, output_dir / name)
+    for source in (output_dir / folders[0]).glob("*.py") if folders else ():  # the model's remote code
+        shutil.copyfile(source, output_dir / source.name)
     settings = [
         {"name": name, "label": info["label"], "trainable": f"{sum(info['trainable_parameters'].values()):,}"}
         for name, info in results["adaptation"].items()

@@ -246,7 +246,7 @@ def test_minimal_form_does_not_depend_on_the_hash_seed() -> None:
 
 
 def test_form_changes_the_targets_only() -> None:
-    """--function_form keeps the truth tables and points of a seed and changes the values inside the cube."""
+    """`form` keeps the truth tables and points of a seed and changes the values inside the cube."""
     canonical = make_fuzzy_boolean_tensors(points_per_function=500, seed=3)
     minimal = make_fuzzy_boolean_tensors(points_per_function=500, seed=3, form="minimal")
     for group in ("pretrain", "adapt"):
