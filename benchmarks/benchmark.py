@@ -314,6 +314,7 @@ class Bench:
     inputs: dict[str, Any]
     snapshot: list[torch.Tensor]
     seconds: dict[str, list[float]] = field(default_factory=lambda: {mode: [] for mode in MODES})
+    cpu_seconds: dict[str, list[float]] = field(default_factory=lambda: {mode: [] for mode in MODES})
 
 
 def make_bench(key: str, args: argparse.Namespace) -> Bench:
@@ -352,14 +353,15 @@ def run_step(bench: Bench, mode: str, args: argparse.Namespace) -> None:
         bench.optimizer.step()
 
 
-def time_steps(bench: Bench, mode: str, args: argparse.Namespace) -> float:
+def time_steps(bench: Bench, mode: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (all threads of this process) of `--steps-per-repeat` steps."""
     restore_weights(bench)
     synchronize(args.device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(args.steps_per_repeat):
         run_step(bench, mode, args)
     synchronize(args.device)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 def benchmark_throughput(benches: list[Bench], args: argparse.Namespace) -> None:
@@ -373,15 +375,22 @@ def benchmark_throughput(benches: list[Bench], args: argparse.Namespace) -> None
         shift = repeat % len(benches)
         for bench in benches[shift:] + benches[:shift]:
             for mode in args.modes:
-                seconds = time_steps(bench, mode, args)
+                seconds, cpu_seconds = time_steps(bench, mode, args)
                 bench.seconds[mode].append(seconds)
+                bench.cpu_seconds[mode].append(cpu_seconds)
                 log(args, f"repeat {repeat + 1}/{args.repeats} {bench.key} {mode}: {seconds:.3f} s")
     for bench in benches:
         restore_weights(bench)
 
 
-def throughput_stats(seconds: Sequence[float], images_per_run: int) -> dict[str, Any] | None:
-    """Images/s over the repeats: median, min, max and the raw seconds."""
+def throughput_stats(
+    seconds: Sequence[float], images_per_run: int, cpu_seconds: Sequence[float] = ()
+) -> dict[str, Any] | None:
+    """Images/s over the repeats (median, min, max), images per CPU-second (median) and the raw seconds.
+
+    On a machine shared with other work, CPU seconds count only this process's own work (with one thread; several
+    threads add their waits for each other), so their ratios between models move less than wall-clock ones.
+    """
     if not seconds:
         return None
     rates = sorted(images_per_run / s for s in seconds)
@@ -389,7 +398,11 @@ def throughput_stats(seconds: Sequence[float], images_per_run: int) -> dict[str,
         "images_per_s_median": statistics.median(rates),
         "images_per_s_min": rates[0],
         "images_per_s_max": rates[-1],
+        "images_per_cpu_s_median": statistics.median(images_per_run / s for s in cpu_seconds)
+        if cpu_seconds
+        else None,
         "seconds": list(seconds),
+        "cpu_seconds": list(cpu_seconds),
     }
 
 
@@ -542,19 +555,27 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def compute_ratios(models: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """Ours (the default implementation, else the first of ours) over the ViT (GFLOP/s) and the authors (img/s)."""
+    """Ours (the default implementation, else the first of ours) over the ViT in achieved GFLOP/s, wall-clock and
+    per CPU-second, and over the authors' implementation in images/s."""
     ours = next((models[k] for k in ("ni", "ni-sdpa", "ni-eager") if k in models), None)
+
+    def rate(result: dict[str, Any] | None, mode: str, key: str, per_flop: bool = False) -> float | None:
+        if result is None or result[mode] is None or result[mode][key] is None:
+            return None
+        return result[mode][key] * (result["forward_flops_per_image"] if per_flop else 1)
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
     ratios: dict[str, float | None] = {}
     for mode in MODES:
-        for other, what in (("vit", "gflops"), ("authors", "images_per_s")):
-            value = None
-            if ours is not None and other in models:
-                if what == "gflops":
-                    a, b = ours["achieved_gflops"][mode], models[other]["achieved_gflops"][mode]
-                else:
-                    a, b = ((r[mode] or {}).get("images_per_s_median") for r in (ours, models[other]))
-                value = a / b if a and b else None
-            ratios[f"{mode}_{what}_ours_over_{other}"] = value
+        for key, name in (("images_per_s_median", "gflops"), ("images_per_cpu_s_median", "gflop_per_cpu_s")):
+            ratios[f"{mode}_{name}_ours_over_vit"] = ratio(
+                rate(ours, mode, key, per_flop=True), rate(models.get("vit"), mode, key, per_flop=True)
+            )
+        ratios[f"{mode}_images_per_s_ours_over_authors"] = ratio(
+            rate(ours, mode, "images_per_s_median"), rate(models.get("authors"), mode, "images_per_s_median")
+        )
     return ratios
 
 
@@ -601,7 +622,9 @@ def markdown_report(report: dict[str, Any]) -> str:
         "",
         "Ours over the ViT, achieved GFLOP/s: inference "
         f"{_fmt(ratios['inference_gflops_ours_over_vit'], 3)}, training "
-        f"{_fmt(ratios['training_gflops_ours_over_vit'], 3)}. Ours over the authors', images/s: inference "
+        f"{_fmt(ratios['training_gflops_ours_over_vit'], 3)}; per CPU-second of this process: inference "
+        f"{_fmt(ratios['inference_gflop_per_cpu_s_ours_over_vit'], 3)}, training "
+        f"{_fmt(ratios['training_gflop_per_cpu_s_ours_over_vit'], 3)}. Ours over the authors', images/s: inference "
         f"{_fmt(ratios['inference_images_per_s_ours_over_authors'], 2)}, training "
         f"{_fmt(ratios['training_images_per_s_ours_over_authors'], 2)}.",
     ]
@@ -640,7 +663,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "parameters": count_parameters(bench.model),
             "forward_flops_per_image": flops[bench.key],
         }
-        result |= {mode: throughput_stats(bench.seconds[mode], images) for mode in MODES}
+        result |= {
+            mode: throughput_stats(bench.seconds[mode], images, bench.cpu_seconds[mode]) for mode in MODES
+        }
         result["achieved_gflops"] = {
             mode: None
             if result[mode] is None

@@ -102,12 +102,11 @@ def test_a_tiny_run_measures_every_model_in_both_modes(bench: ModuleType, tmp_pa
     assert models["vit"]["parameters"]["total"] == 1_809_226
     assert models["ni"]["parameters"] == models["ni-eager"]["parameters"]
     assert models["ni"]["forward_flops_per_image"] == models["ni-eager"]["forward_flops_per_image"] > 0
-    for name, result in models.items():
+    for result in models.values():
         for mode in ("inference", "training"):
             stats = result[mode]
-            assert stats["images_per_s_min"] <= stats["images_per_s_median"] <= stats["images_per_s_max"], (
-                name
-            )
+            assert stats["images_per_s_min"] <= stats["images_per_s_median"] <= stats["images_per_s_max"]
+            assert stats["images_per_cpu_s_median"] > 0 and len(stats["cpu_seconds"]) == 1
             assert result["achieved_gflops"][mode] > 0 and result["memory"][mode]["peak_mib"] >= 0
         assert result["achieved_gflops"]["training"] == pytest.approx(
             3 * result["forward_flops_per_image"] * result["training"]["images_per_s_median"] / 1e9
@@ -116,6 +115,7 @@ def test_a_tiny_run_measures_every_model_in_both_modes(bench: ModuleType, tmp_pa
     assert ratios["training_gflops_ours_over_vit"] == pytest.approx(
         models["ni"]["achieved_gflops"]["training"] / models["vit"]["achieved_gflops"]["training"]
     )
+    assert ratios["inference_gflop_per_cpu_s_ours_over_vit"] > 0
     assert ratios["training_images_per_s_ours_over_authors"] is None  # no copy of the authors' code given
     text = bench.markdown_report(report)
     for needle in ("| ni |", "| ni-eager |", "| vit |", "Ours over the ViT", env["command"]):
