@@ -148,7 +148,13 @@ def build_app(demo: InterpreterDemo, note: str) -> Any:
                     )
                 with gr.Tab("Draw"):
                     sketch = gr.Sketchpad(
-                        type="pil", label="Draw a digit", canvas_size=(280, 280), elem_id="sketch"
+                        type="pil",
+                        label="Draw a digit (pick the brush first)",
+                        canvas_size=(280, 280),
+                        brush=gr.Brush(default_size=18, colors=["#000000"], color_mode="fixed"),
+                        layers=False,
+                        transforms=(),
+                        elem_id="sketch",
                     )
                 task = gr.Dropdown(demo.task_names, value=demo.task_names[0], label="Task", elem_id="task")
                 iterations = gr.Slider(

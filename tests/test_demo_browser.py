@@ -28,6 +28,7 @@ pytest.importorskip("selenium")
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -176,3 +177,31 @@ def test_demo_in_a_browser(served, browser, tmp_path):
     assert shown.size == off[1].size
     browser.save_screenshot(str(tmp_path / "demo_function_off.png"))
     print(f"screenshots in {tmp_path}")
+
+
+def test_drawing_a_digit(served, browser, tmp_path):
+    url, _ = served
+    browser.get(url)
+    # the Draw tab's content is rendered once the tab is opened
+    tab = WebDriverWait(browser, 120).until(
+        lambda d: next(
+            (b for b in d.find_elements(By.XPATH, "//button[normalize-space()='Draw']") if b.is_displayed()),
+            None,
+        )
+    )
+    tab.click()
+    brush = WebDriverWait(browser, 30).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#sketch button[title='Brush']")
+    )
+    brush.click()
+    canvas = [c for c in browser.find_elements(By.CSS_SELECTOR, "#sketch canvas") if c.is_displayed()][-1]
+    width, height = canvas.size["width"], canvas.size["height"]
+    stroke = ActionChains(browser).move_to_element_with_offset(canvas, 0, -height // 4).click_and_hold()
+    for _ in range(10):
+        stroke.move_by_offset(0, height // 20)  # a vertical bar: a "1"
+    stroke.release().perform()
+    WebDriverWait(browser, 120, poll_frequency=0.5).until(lambda d: summary_text(d).startswith("Prediction:"))
+    assert summary_text(browser).endswith("after 2 of 2 function iterations; functions off: none")
+    WebDriverWait(browser, 60).until(lambda d: picture(d)[1] > 0)
+    assert width > 100
+    browser.save_screenshot(str(tmp_path / "demo_drawn.png"))
