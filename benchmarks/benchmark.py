@@ -276,8 +276,9 @@ def count_forward_flops(key: str, args: argparse.Namespace) -> float:
     model = build_model(key, local, attn_implementation=None if key == "authors" else "eager").eval()
     inputs = make_inputs(key, local, FLOP_BATCH, torch.device("cpu"))
     inputs.pop("labels")
-    # With grad on: the authors' model trips FlopCounterMode's module tracker under no_grad.
-    with FlopCounterMode(display=False) as counter:
+    # The authors' model trips FlopCounterMode's module tracker under no_grad: counted with grad on.
+    grad_mode = contextlib.nullcontext() if key == "authors" else torch.no_grad()
+    with FlopCounterMode(display=False) as counter, grad_mode:
         model(**inputs)
     return counter.get_total_flops() / FLOP_BATCH
 
