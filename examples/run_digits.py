@@ -37,7 +37,7 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.augmentation import OPERATION_NAMES, BatchRandAugment
+from ni_hf.augmentation import OPERATION_NAMES, BatchRandAugment, select_operations
 from ni_hf.configuration_neural_interpreter import PAPER_PRESETS
 from ni_hf.data_transfer import apply_gpu_loading_defaults, compile_for_static_batches
 from ni_hf.digits_data import (
@@ -167,7 +167,7 @@ class DataArguments:
     randaugment_num_ops: int = field(default=2, metadata={"help": "RandAugment: operations per image (n)."})
     randaugment_magnitude: float = field(
         default=9.0,
-        metadata={"help": "RandAugment magnitude m on timm's scale, in (0, 10) (paper: rand-m9)."},
+        metadata={"help": "RandAugment magnitude m on timm's scale, in [0, 10] (paper: rand-m9)."},
     )
     randaugment_operations: list[str] | None = field(
         default=None,
@@ -269,7 +269,7 @@ def check_arguments(
             data_args.randaugment_num_ops,
             data_args.randaugment_magnitude,
             data_args.randaugment_probability,
-            data_args.randaugment_operations,
+            policy=select_operations(data_args.randaugment_operations),
         )
     path = model_args.model_name_or_path
     if path is None:
@@ -516,9 +516,9 @@ def run(
             data_args.randaugment_num_ops,
             data_args.randaugment_magnitude,
             data_args.randaugment_probability,
-            data_args.randaugment_operations,
             image_mean=processor.image_mean,
             image_std=processor.image_std,
+            policy=select_operations(data_args.randaugment_operations),
         ).to(args.device)
         logger.info(f"Training batches augmented on {args.device}: RandAugment({augmentation.extra_repr()})")
 
