@@ -446,17 +446,6 @@ def test_pipeline_of_a_digits_preset_model_reports_digit_labels(tmp_path):
     assert {r["label"] for r in result} == set(DIGITS.values())
 
 
-def test_config_override_item_without_a_value_is_named_not_blamed_on_the_previous_key():
-    from ni_hf.configuration_neural_interpreter import parse_config_overrides
-
-    with pytest.raises(ValueError, match="'num_functions' without a value"):
-        parse_config_overrides("hidden_size=64,patch_size=8,num_functions")
-    assert parse_config_overrides("num_function_iterations=[2,1],hidden_size=64") == {
-        "num_function_iterations": [2, 1],
-        "hidden_size": 64,
-    }
-
-
 @BOTH
 @pytest.mark.parametrize("model_name", ["backbone", "classifier"])
 def test_a_config_changed_in_place_is_refused_when_a_model_is_built(config_class, model_name):

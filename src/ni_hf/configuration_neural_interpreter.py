@@ -7,9 +7,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import json
 import math
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -570,64 +568,3 @@ def vit_baseline_config(**overrides: Any):
 
 
 __all__ = ["NeuralInterpreterConfig", "PAPER_PRESETS", "validate_task_names", "vit_baseline_config"]
-
-
-def _parse_override_value(text: str) -> Any:
-    """One override value: JSON (numbers, true/false, null, lists), Python's True/False/None, else a string."""
-    text = text.strip()
-    python_literals = {"True": True, "False": False, "None": None}
-    if text in python_literals:
-        return python_literals[text]
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def config_argument_names(config_class: type[PretrainedConfig] | None = None) -> set[str]:
-    """The names of a config's own arguments (default NeuralInterpreterConfig), not those every config has."""
-    config_class = config_class or NeuralInterpreterConfig
-    common = {f.name for f in dataclasses.fields(PretrainedConfig)}
-    return {
-        name
-        for name, parameter in inspect.signature(config_class.__init__).parameters.items()
-        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in common
-    }
-
-
-def parse_config_overrides(
-    overrides: str | None,
-    reserved: Iterable[str] = (),
-    option: str = "--config_overrides",
-    config_class: type[PretrainedConfig] | None = None,
-) -> dict[str, Any]:
-    """Turn ``"key=value,key2=[1,2]"`` into a dict, checking every key is an argument of ``config_class``.
-
-    ``config_class`` defaults to NeuralInterpreterConfig. ``reserved`` names arguments the caller sets itself (from
-    the data, say): overriding one is an error.
-    """
-    if not overrides or not overrides.strip():
-        return {}
-    config_class = config_class or NeuralInterpreterConfig
-    valid = config_argument_names(config_class)
-    reserved = set(reserved)
-    result: dict[str, Any] = {}
-    for item in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", overrides.strip()):
-        if "=" not in item:
-            raise ValueError(f"{option}: expected key=value, got {item!r} in {overrides!r}.")
-        key, value = (part.strip() for part in item.split("=", 1))
-        if "," in value and not value.startswith(("[", "{", '"')):
-            # The split above keeps a bare name after a comma glued to the previous value.
-            first, *rest = (part.strip() for part in value.split(","))
-            raise ValueError(
-                f"{option}: expected key=value items, got {rest[-1]!r} without a value (after {key}={first}); "
-                "a value that holds commas must be a JSON list, e.g. num_function_iterations=[2,1]."
-            )
-        if key in reserved:
-            raise ValueError(f"{option}: {key} is set by the script from its data and cannot be overridden.")
-        if key not in valid:
-            raise ValueError(
-                f"{option}: unknown setting {key!r}; {config_class.__name__} accepts {sorted(valid)}."
-            )
-        result[key] = _parse_override_value(value)
-    return result
