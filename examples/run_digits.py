@@ -443,6 +443,30 @@ def setup_logging(args: TrainingArguments) -> None:
     transformers.utils.logging.enable_explicit_format()
 
 
+def add_routing_to_card(
+    model: torch.nn.Module, test: datasets.Dataset, card: Path, num_images: int = 64
+) -> None:
+    """Append the computational path of a test image and the function usage of a test batch to the model card."""
+    try:
+        from ni_hf.visualization import write_routing_card_assets
+    except ImportError as error:  # matplotlib is the `vis` extra
+        logger.warning(f"No routing picture on the model card ({error}); pip install 'ni_hf[vis]' for it")
+        return
+    batch = test.shuffle(seed=0).select(range(min(num_images, len(test))))[:]
+    assets = write_routing_card_assets(
+        model,
+        torch.as_tensor(np.stack(batch["pixel_values"])).to(model.device),
+        torch.as_tensor(batch["task_ids"]),
+        card.parent,
+        labels=batch["labels"],
+    )
+    with card.open("a") as f:
+        f.write("\n" + assets["markdown"].rstrip() + "\n")
+    logger.info(
+        f"Routing picture and function usage added to the model card: {', '.join(map(str, assets['files']))}"
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Train and evaluate; return the final metrics (also in <output_dir>/all_results.json)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -609,6 +633,8 @@ def run(
             ),
         )
         logger.info(f"Model card written to {path}")
+        if model_args.architecture == "neural_interpreter" and args.do_eval:
+            add_routing_to_card(model, raw["test"], path)
     trainer.accelerator.wait_for_everyone()
     if push_to_hub and trainer.is_world_process_zero():
         try:

@@ -392,6 +392,16 @@ def test_model_card_parses_and_carries_the_measured_accuracies(single_run):
     assert "## Limitations" in text and "Hardware:" in text and "## Training data" in text
 
 
+def test_model_card_shows_the_routing_of_the_trained_model(single_run):
+    """A computational-path picture and the function usage of test images, linked from the card and uploaded."""
+    output_dir, _, _ = single_run
+    text = (output_dir / "README.md").read_text()
+    assert "## Routing" in text and "(routing_path.png)" in text
+    assert (output_dir / "routing_path.png").read_bytes().startswith(b"\x89PNG")
+    usage = read_json(output_dir / "routing_usage.json")
+    assert usage  # the numbers behind the card's usage table
+
+
 def evaluate_accuracy(model, processor, data_dir: Path) -> dict[str, float]:
     """Accuracy of a model on the tiny test sets, with the saved processor."""
     import io
