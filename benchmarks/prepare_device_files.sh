@@ -17,7 +17,7 @@ for path in /.whl/ /.gpu/; do
 done
 version() { "$python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 specs=()
-for name in transformers datasets evaluate dill multiprocess kornia kornia_rs; do
+for name in transformers datasets evaluate dill multiprocess; do
     specs+=("$name==$(version "$name")")
 done
 rm -rf .whl && mkdir -p .whl
