@@ -771,6 +771,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         all_attentions = () if output_attentions else None
         all_compat = () if output_routing else None
         all_types = () if output_routing else None
+        # The largest C of the forward, for the zero-routing warning; not recorded into compiled or exported graphs.
+        watching = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
         peaks = []
         for script, n_iter, mask in zip(self.scripts, iterations, function_masks, strict=True):
             if n_iter == 0:
@@ -784,7 +786,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 hidden, compat, types, attentions = script(
                     hidden, biases, mask, loc_positions, output_attentions, function_weights=weights
                 )
-                peaks.append(compat.detach().amax())
+                if watching:
+                    peaks.append(compat.detach().amax())
                 if output_hidden_states:
                     all_hidden += (hidden,)
                 if output_attentions:
@@ -793,7 +796,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                     all_compat += (compat.transpose(0, 1),)
                     all_types += (types,)
 
-        self.routing_peak = torch.stack(peaks).amax() if peaks else None
+        if watching:
+            self.routing_peak = torch.stack(peaks).amax() if peaks else None
         if self.checks_finite:
             inputs = {
                 "pixel_values": pixel_values,
