@@ -373,6 +373,15 @@ def test_set_regression_gradients_reach_every_parameter(tester):
     assert model.get_input_embeddings() is model.input_projection
 
 
+def enable_activation_checkpointing(model: torch.nn.Module, reentrant: bool) -> None:
+    """`activation_checkpointing_enable` (transformers >= 5.23), else its older name."""
+    kwargs = {"use_reentrant": reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("bilinear", [False, True])
 def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear, reentrant):
@@ -382,7 +391,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tester, bilinear, reent
     model(**inputs).loss.backward()
     reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    enable_activation_checkpointing(model, reentrant)
     model(**inputs).loss.backward()
     for n, g in reference.items():
         torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-5)
@@ -418,7 +427,7 @@ def test_code_modulations_are_formed_once_per_forward_not_per_function_iteration
     grads = torch.autograd.grad(loss, params)
 
     # Every function iteration forms its own weights.
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model, reentrant=False)
     modulations.clear()
     formed.clear()
     reference = model(**inputs).loss
