@@ -14,16 +14,20 @@ Starting from a checkpoint written by ``examples/run_digits.py`` (a local folder
 - ``dropped_functions`` (Figure 4c): no training; the accuracy on the pre-training datasets when k functions per
   script are removed at test time (their compatibilities forced to 0 before normalisation): every choice of the
   k functions when there are at most ``--dropped_draws`` of them, else that many random draws.
+- ``function_iterations`` (anytime inference): no training; the accuracy on the pre-training datasets when the
+  model stops after 1, 2, ... of its trained function iterations.
 
 ``fast_adaptation`` also runs on the paper's multi-task ViT baseline (``run_digits.py --architecture vit``), for the
 ViT curve of Figure 4a: a fresh CLS token and head, all parameters trained (the paper's ViT rate: 0.03, pass
-``--adapt_learning_rate 0.03``). The other three studies need a Neural Interpreter's functions; with a ViT checkpoint
+``--adapt_learning_rate 0.03``). The other studies need a Neural Interpreter's functions; with a ViT checkpoint
 and ``--studies`` left at its default only ``fast_adaptation`` runs, and asking for any of them is an error.
 
-Results go to ``<output_dir>/adaptation_results.json`` and ``adaptation_results.md``. Quick check (offline):
+Results go to ``<output_dir>/adaptation_results.json``, ``adaptation_results.md`` and one PNG per study (with
+matplotlib, the ``vis`` extra; ``examples/plot_adaptation_studies.py`` draws several runs, e.g. NI and ViT, in one
+plot). ``--quick`` runs every study at tiny settings, to check the pipeline in a minute (offline):
 
-    python examples/run_digits_adaptation.py --model_name_or_path runs/sklearn-digits --new_task mnist \
-        --data_dir ../shared/data --num_train_samples 128 512 --output_dir runs/adapt
+    python examples/run_digits_adaptation.py --model_name_or_path runs/quickstart --new_task sklearn_digits \
+        --dataset_source sklearn --quick --output_dir runs/adapt-quick
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import numpy as np
 import torch
 import transformers
 from _common import DigitsTransform
+from plot_adaptation_studies import results_markdown, write_plots
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
@@ -79,15 +84,30 @@ class AdaptationTrainer(CopiedPredictionsMixin, Trainer):
     """Trainer whose evaluation keeps every batch's logits when the model runs through CUDA graphs."""
 
 
-STUDIES = ("fast_adaptation", "reinitialized_functions", "capacity_extension", "dropped_functions")
-# The studies that act on a Neural Interpreter's functions; a multi-task ViT has none.
-FUNCTION_STUDIES = ("reinitialized_functions", "capacity_extension", "dropped_functions")
+STUDIES = (
+    "fast_adaptation",
+    "reinitialized_functions",
+    "capacity_extension",
+    "dropped_functions",
+    "function_iterations",
+)
+# The studies that act on a Neural Interpreter's functions (or function iterations); a multi-task ViT has none.
+FUNCTION_STUDIES = STUDIES[1:]
+# --quick: every study at tiny settings, a check of the pipeline.
+QUICK_SETTINGS = dict(
+    num_train_samples=[32, 64],
+    adaptation_seeds=[0, 1],
+    adapt_epochs=1.0,
+    capacity_new_functions=[0, 1],
+    capacity_train_samples=32,
+    max_eval_samples=64,
+    dropped_draws=2,
+)
 KEY_NAMES = {
     "fast_adaptation": "training samples",
     "reinitialized_functions": "training samples",
     "capacity_extension": "functions per script",
 }
-ARCHITECTURE_NAMES = {"neural_interpreter": "Neural Interpreter", "vit": "multi-task ViT"}
 RESULTS_JSON = "adaptation_results.json"
 RESULTS_MD = "adaptation_results.md"
 
@@ -190,6 +210,14 @@ class AdaptationArguments:
         },
     )
     eval_batch_size: int = field(default=256, metadata={"help": "Batch size of the evaluation loops."})
+    quick: bool = field(
+        default=False,
+        metadata={
+            "help": "Check the pipeline in about a minute: every study at tiny settings ("
+            + ", ".join(f"{k}={v}" for k, v in QUICK_SETTINGS.items())
+            + "), replacing those options."
+        },
+    )
 
 
 @dataclass
@@ -397,9 +425,10 @@ def accuracy(
     tests: list[datasets.Dataset],
     task_names: list[str],
     batch_size: int,
-    disabled_functions: dict[int, list[int]] | None = None,
+    **forward_kwargs: Any,
 ) -> dict[str, float]:
-    """Test accuracy overall and per task (``accuracy_<task>``), optionally with some functions dropped."""
+    """Test accuracy overall and per task (``accuracy_<task>``); ``forward_kwargs`` go to the model's forward
+    (e.g. ``disabled_functions``, ``num_function_iterations``)."""
     model.eval()
     device = next(model.parameters()).device
     predictions, labels, task_ids = [], [], []
@@ -408,8 +437,7 @@ def accuracy(
         batch = test[start : start + batch_size]
         pixel_values = torch.from_numpy(np.stack(batch["pixel_values"])).to(device)
         ids = torch.tensor(batch["task_ids"], device=device)
-        extra = {} if disabled_functions is None else {"disabled_functions": disabled_functions}
-        logits = model(pixel_values=pixel_values, task_ids=ids, **extra).logits
+        logits = model(pixel_values=pixel_values, task_ids=ids, **forward_kwargs).logits
         predictions.append(logits.argmax(-1).cpu().numpy())
         labels.append(np.asarray(batch["labels"]))
         task_ids.append(np.asarray(batch["task_ids"]))
@@ -486,7 +514,8 @@ def run_adaptation_study(
     study = "reinitialized_functions" if reinitialize else "fast_adaptation"
     out: dict[str, Any] = {}
     runs = [(n, seed) for n in exp.num_train_samples for seed in exp.adaptation_seeds]
-    for n, seed in tqdm(runs, desc=study, disable=not base.should_log):
+    bar = images_bar(study, [n for n, _ in runs], exp, base)
+    for n, seed in runs:
         model = prepare_model(
             exp.model_name_or_path, task_name, labels, seed, reinitialize_functions=reinitialize
         )
@@ -503,6 +532,8 @@ def run_adaptation_study(
             exp,
             base,
         )
+        bar.update(n * exp.adapt_epochs)
+    bar.close()
     return summarize_runs(out)
 
 
@@ -517,7 +548,8 @@ def run_capacity_extension(
     """Accuracy on the new dataset with k functions added, only codes / signatures / CLS token / head trained."""
     out: dict[str, Any] = {}
     runs = [(k, seed) for k in exp.capacity_new_functions for seed in exp.adaptation_seeds]
-    for k, seed in tqdm(runs, desc="capacity_extension", disable=not base.should_log):
+    bar = images_bar("capacity_extension", [exp.capacity_train_samples] * len(runs), exp, base)
+    for k, seed in runs:
         model = prepare_model(
             exp.model_name_or_path, task_name, labels, seed, new_functions=k, functions_only=True
         )
@@ -537,15 +569,22 @@ def run_capacity_extension(
             base,
             new_functions=k,
         )
+        bar.update(exp.capacity_train_samples * exp.adapt_epochs)
+    bar.close()
     return summarize_runs(out)
 
 
-def run_dropped_functions(
-    exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, show_progress: bool = True
-) -> dict[str, Any]:
-    """Accuracy on the pre-training datasets with k random functions per script dropped at test time."""
-    model = load_pretrained(exp.model_name_or_path)
-    task_names = list(model.config.task_names)
+def images_bar(study: str, sizes: list[int], exp: AdaptationArguments, base: TrainingArguments) -> tqdm:
+    """A progress bar over the training images a study's runs will see, so that its estimate of the time left
+    weighs a run of 8,192 samples as 128 runs of 64."""
+    total = sum(sizes) * exp.adapt_epochs
+    return tqdm(total=total, desc=study, unit="img", unit_scale=True, disable=not base.should_log)
+
+
+def pretraining_tests(
+    exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, task_names: list[str]
+) -> list[datasets.Dataset]:
+    """The test split of every pre-training dataset, preprocessed, with its task id."""
     # scikit-learn's digits exist only there; every other pre-training dataset comes from --dataset_source.
     sources = {name: "sklearn" if name == SKLEARN_TASK else exp.dataset_source for name in task_names}
     tests = [
@@ -555,6 +594,40 @@ def run_dropped_functions(
         for i, name in enumerate(task_names)
     ]
     logger.info("Pre-training datasets %s: %s test images", task_names, [len(t) for t in tests])
+    return tests
+
+
+def summarize_per_task(results: list[dict[str, float]]) -> dict[str, Any]:
+    """Mean, std and count of every accuracy (overall and per task) over several evaluations."""
+    return {key: summarize([r[key] for r in results]) for key in results[0]}
+
+
+def run_function_iterations(
+    exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, show_progress: bool = True
+) -> dict[str, Any]:
+    """Anytime inference: accuracy on the pre-training datasets after 1, 2, ... of the trained iterations."""
+    model = load_pretrained(exp.model_name_or_path)
+    task_names = list(model.config.task_names)
+    tests = pretraining_tests(exp, processor, task_names)
+    trained = max(model.config.iterations_per_script)
+    out: dict[str, Any] = {}
+    for n in tqdm(range(1, trained + 1), desc="function_iterations", disable=not show_progress):
+        out[str(n)] = summarize_per_task(
+            [accuracy(model, tests, task_names, exp.eval_batch_size, num_function_iterations=n)]
+        )
+        logger.info(
+            "function_iterations: %d of %d: accuracy %.4f", n, trained, out[str(n)]["accuracy"]["mean"]
+        )
+    return out
+
+
+def run_dropped_functions(
+    exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, show_progress: bool = True
+) -> dict[str, Any]:
+    """Accuracy on the pre-training datasets with k random functions per script dropped at test time."""
+    model = load_pretrained(exp.model_name_or_path)
+    task_names = list(model.config.task_names)
+    tests = pretraining_tests(exp, processor, task_names)
     num_functions, num_scripts = model.config.num_functions, model.config.num_scripts
     rng = np.random.default_rng(0)
     out: dict[str, Any] = {}
@@ -568,15 +641,15 @@ def run_dropped_functions(
                 {s: tuple(rng.choice(num_functions, k, replace=False)) for s in range(num_scripts)}
                 for _ in range(exp.dropped_draws)
             ]
-        results = []
+        draws, results = [], []
         for choice in choices:
-            dropped = {s: sorted(int(u) for u in functions) for s, functions in choice.items()}
+            draws.append({s: sorted(int(u) for u in functions) for s, functions in choice.items()})
             results.append(
-                (dropped, accuracy(model, tests, task_names, exp.eval_batch_size, dropped if k else None))
+                accuracy(
+                    model, tests, task_names, exp.eval_batch_size, disabled_functions=draws[-1] if k else None
+                )
             )
-        entry: dict[str, Any] = {"draws": [d for d, _ in results]}
-        for key in results[0][1]:
-            entry[key] = summarize([r[key] for _, r in results])
+        entry: dict[str, Any] = {"draws": draws, **summarize_per_task(results)}
         out[str(k)] = entry
         logger.info(
             "dropped_functions: %d of %d dropped: accuracy %.4f", k, num_functions, entry["accuracy"]["mean"]
@@ -587,64 +660,6 @@ def run_dropped_functions(
 # --------------------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------------------
-
-
-def results_markdown(results: dict[str, Any]) -> str:
-    """The studies' tables (mean ± std over seeds or draws)."""
-    architecture = results.get("architecture", "neural_interpreter")
-    lines = [
-        f"## Adaptation studies of {results['model']} ({ARCHITECTURE_NAMES.get(architecture, architecture)}; "
-        f"new dataset: {results['new_task']})",
-        "",
-    ]
-    precision = results.get("environment", {}).get("mixed_precision", "no")
-    if precision != "no":
-        lines += [f"Trained under {precision} autocast.", ""]
-    fmt = lambda s: f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f} ({s['runs']})"  # noqa: E731
-    fast, reinit = results.get("fast_adaptation"), results.get("reinitialized_functions")
-    if fast or reinit:
-        lines += [
-            f"Fine-tuning all parameters for {results['arguments']['adapt_epochs']:g} epochs, RAdam "
-            f"{results['arguments']['adapt_learning_rate']:g}; test accuracy (%) on {results['new_task']}, mean ± "
-            "std (runs) over seeds.",
-            "",
-        ]
-        sizes = sorted({int(n) for study in (fast or {}, reinit or {}) for n in study})
-        if architecture == "vit":  # no functions: one column, the pre-trained ViT
-            lines += ["| training samples | pre-trained ViT |", "|---|---|"]
-            lines += [f"| {n} | {fmt(fast[str(n)]) if str(n) in fast else ''} |" for n in sizes]
-        else:
-            lines += ["| training samples | pre-trained functions | re-drawn functions |", "|---|---|---|"]
-            for n in sizes:
-                cells = [fmt(s[str(n)]) if s and str(n) in s else "" for s in (fast, reinit)]
-                lines.append(f"| {n} | {cells[0]} | {cells[1]} |")
-        lines.append("")
-    if results.get("capacity_extension"):
-        lines += [
-            f"Capacity extension: codes, signatures, CLS token and head trained on "
-            f"{results['arguments']['capacity_train_samples']} samples, RAdam "
-            f"{results['arguments']['capacity_learning_rate']:g}; test accuracy (%) on {results['new_task']}.",
-            "",
-            "| functions per script | added | accuracy |",
-            "|---|---|---|",
-        ]
-        for u, entry in sorted(results["capacity_extension"].items(), key=lambda item: int(item[0])):
-            lines.append(f"| {u} | {entry['new_functions']} | {fmt(entry)} |")
-        lines.append("")
-    if results.get("dropped_functions"):
-        dropped = results["dropped_functions"]
-        tasks = [key.removeprefix("accuracy_") for key in dropped["0"] if key.startswith("accuracy_")]
-        lines += [
-            "Dropped functions: test accuracy (%) on the pre-training datasets, mean ± std (draws).",
-            "",
-            "| functions dropped per script | all | " + " | ".join(tasks) + " |",
-            "|---" * (len(tasks) + 2) + "|",
-        ]
-        for k, entry in dropped.items():
-            cells = [fmt(entry["accuracy"])] + [fmt(entry[f"accuracy_{t}"]) for t in tasks]
-            lines.append(f"| {k} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
 
 
 def environment(base: TrainingArguments) -> dict[str, Any]:
@@ -668,6 +683,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AdaptationArguments, Adap
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the requested studies; write and return the results."""
     exp, base = parse_args(argv)
+    if exp.quick:
+        exp = dataclasses.replace(exp, **QUICK_SETTINGS)
     exp.model_name_or_path = check_model_path(exp.model_name_or_path)
     exp.dataset_source = resolve_dataset_source(exp.dataset_source, exp.data_dir)
     logging.basicConfig(
@@ -709,7 +726,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "arguments": dataclasses.asdict(exp),
         "studies": studies,
     }
-    training_studies = [s for s in studies if s != "dropped_functions"]
+    training_studies = [s for s in studies if s not in ("dropped_functions", "function_iterations")]
     if training_studies:
         train_raw = load_task_split(exp.new_task, "train", exp.dataset_source, exp.data_dir)
         check_sizes(exp, training_studies, len(train_raw), results["new_task"])
@@ -737,15 +754,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
     if "dropped_functions" in studies:
         results["dropped_functions"] = run_dropped_functions(exp, processor, show_progress=base.should_log)
+    if "function_iterations" in studies:
+        results["function_iterations"] = run_function_iterations(
+            exp, processor, show_progress=base.should_log
+        )
     results["environment"] = environment(base)
     if base.process_index != 0:
         return results
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2) + "\n")
-    markdown = results_markdown(results)
+    markdown = results_markdown([results])
     (output_dir / RESULTS_MD).write_text(markdown)
     print(markdown)
     logger.info("Results written to %s and %s", output_dir / RESULTS_JSON, output_dir / RESULTS_MD)
+    try:
+        plots = write_plots([results], output_dir)
+    except ImportError:
+        logger.warning("matplotlib is not installed (pip install 'ni_hf[vis]'): no plots drawn.")
+    else:
+        logger.info("Plots: %s", ", ".join(str(p) for p in plots))
     return results
 
 

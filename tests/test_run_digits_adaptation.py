@@ -86,6 +86,72 @@ def test_all_studies_run_and_write_their_results(
     assert "| 64 |" in table and "| 5 | 2 |" in table and "functions dropped per script" in table
 
 
+def test_quick_runs_every_study_and_draws_one_plot_per_study(
+    script: ModuleType, checkpoint: Path, tmp_path: Path
+) -> None:
+    args = [
+        "--model_name_or_path",
+        str(checkpoint),
+        "--new_task",
+        "sklearn_digits",
+        "--dataset_source",
+        "sklearn",
+    ]
+    results = script.main([*args, "--quick", "--output_dir", str(tmp_path)])
+    assert results["studies"] == list(script.STUDIES)
+    assert sorted(results["fast_adaptation"], key=int) == [
+        str(n) for n in script.QUICK_SETTINGS["num_train_samples"]
+    ]
+    assert results["arguments"]["adapt_epochs"] == script.QUICK_SETTINGS["adapt_epochs"]
+    assert sorted(results["function_iterations"]) == ["1", "2"]  # the checkpoint's 2 trained iterations
+    for study in ("fast_adaptation", "capacity_extension", "dropped_functions", "function_iterations"):
+        assert (tmp_path / f"{study}.png").stat().st_size > 1000, study
+    table = (tmp_path / "adaptation_results.md").read_text()
+    assert "| function iterations | all | sklearn_digits |" in table
+
+
+def test_function_iterations_are_the_models_own_anytime_predictions(
+    script: ModuleType, checkpoint: Path, tmp_path: Path
+) -> None:
+    args = ["--model_name_or_path", str(checkpoint), "--studies", "function_iterations", "--dataset_source"]
+    iterations = script.main([*args, "sklearn", "--max_eval_samples", "40", "--output_dir", str(tmp_path)])[
+        "function_iterations"
+    ]
+    model = ni_hf.NeuralInterpreterForImageClassification.from_pretrained(str(checkpoint)).eval()
+    test = script.load_task_split("sklearn_digits", "test", "sklearn", max_samples=40)
+    batch = ni_hf.NeuralInterpreterImageProcessor()(
+        images=list(test["image"]), do_patchify=False, return_tensors="pt"
+    )
+    task_ids = torch.zeros(len(test), dtype=torch.long)
+    for n in (1, 2):
+        with torch.no_grad():
+            logits = model(**batch, task_ids=task_ids, num_function_iterations=n).logits
+        expected = (logits.argmax(-1) == torch.tensor(list(test["label"]))).float().mean().item()
+        assert iterations[str(n)]["accuracy"]["values"] == [pytest.approx(expected)]
+
+
+def test_the_plot_script_draws_several_runs_in_one_fast_adaptation_plot(
+    script: ModuleType, checkpoint: Path, tmp_path: Path
+) -> None:
+    ni_results = script.main([*one_short_adaptation(checkpoint), "--output_dir", str(tmp_path / "ni")])
+    vit_results = {**ni_results, "architecture": "vit", "model": "vit-checkpoint"}
+    (tmp_path / "vit").mkdir()
+    (tmp_path / "vit" / "adaptation_results.json").write_text(json.dumps(vit_results))
+    plot_script = load_script(SCRIPT.parent / "plot_adaptation_studies.py", "plot_adaptation_studies")
+    paths = [str(tmp_path / run / "adaptation_results.json") for run in ("ni", "vit")]
+    written = plot_script.main([*paths, "--output_dir", str(tmp_path / "report")])
+    assert [p.name for p in written] == ["fast_adaptation.png"]
+    report = (tmp_path / "report" / "dynamic_inference.md").read_text()
+    assert (
+        "| training samples | Neural Interpreter, pre-trained functions | multi-task ViT, pre-trained |"
+        in report
+    )
+    mean = 100 * ni_results["fast_adaptation"]["64"]["mean"]
+    assert f"| 64 | {mean:.2f} ± 0.00 (1) | {mean:.2f} ± 0.00 (1) |" in report
+    with pytest.raises(SystemExit):
+        plot_script.main([str(tmp_path / "missing.json"), "--output_dir", str(tmp_path)])
+
+
 def test_reinitialized_functions_redraw_only_codes_and_signatures(
     script: ModuleType, checkpoint: Path
 ) -> None:
@@ -149,8 +215,8 @@ def test_a_bf16_run_says_so_in_its_results(script: ModuleType, checkpoint: Path,
         [*one_short_adaptation(checkpoint), "--bf16", "true", "--output_dir", str(tmp_path)]
     )
     assert results["environment"]["mixed_precision"] == "bf16"
-    assert "Trained under bf16 autocast." in script.results_markdown(results)
-    assert "autocast" not in script.results_markdown({**results, "environment": {"mixed_precision": "no"}})
+    assert "bf16 autocast" in script.results_markdown([results])
+    assert "autocast" not in script.results_markdown([{**results, "environment": {"mixed_precision": "no"}}])
 
 
 def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) -> None:

@@ -1,0 +1,220 @@
+#!/usr/bin/env python
+"""Tables and plots of the dynamic-inference studies written by ``run_digits_adaptation.py``, in the style of the
+paper's Figures 4 and 5 (mean over seeds or draws, error bars one standard deviation).
+
+Give it the ``adaptation_results.json`` of one or more runs, for example the Neural Interpreter's and the
+multi-task ViT's, to draw their fast-adaptation curves in one plot:
+
+    python examples/plot_adaptation_studies.py runs/adapt-ni/adaptation_results.json \
+        runs/adapt-vit/adaptation_results.json --output_dir runs/dynamic-inference
+
+It writes ``fast_adaptation.png``, ``capacity_extension.png``, ``dropped_functions.png`` and
+``function_iterations.png`` (each when some run has that study) and ``dynamic_inference.md`` with the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURE_NAMES = {"neural_interpreter": "Neural Interpreter", "vit": "multi-task ViT"}
+REPORT_MD = "dynamic_inference.md"
+
+
+def _fmt(summary: dict[str, Any]) -> str:
+    return f"{100 * summary['mean']:.2f} ± {100 * summary['std']:.2f} ({summary['runs']})"
+
+
+def _by_int_key(study: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    return sorted(((int(k), v) for k, v in study.items()), key=lambda item: item[0])
+
+
+def _pretraining_tasks(study: dict[str, Any]) -> list[str]:
+    first = next(iter(study.values()))
+    return [key.removeprefix("accuracy_") for key in first if key.startswith("accuracy_")]
+
+
+def _label(results: dict[str, Any]) -> str:
+    return ARCHITECTURE_NAMES.get(results.get("architecture", "neural_interpreter"), results["architecture"])
+
+
+def _per_task_table(study: dict[str, Any], key_name: str, caption: str) -> list[str]:
+    tasks = _pretraining_tasks(study)
+    lines = [
+        caption,
+        "",
+        f"| {key_name} | all | " + " | ".join(tasks) + " |",
+        "|---" * (len(tasks) + 2) + "|",
+    ]
+    for k, entry in _by_int_key(study):
+        cells = [_fmt(entry["accuracy"])] + [_fmt(entry[f"accuracy_{t}"]) for t in tasks]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
+    """The studies' tables (test accuracy in %, mean ± std (runs) over seeds or draws) of one or more runs."""
+    lines: list[str] = []
+    for results in runs:
+        precision = results.get("environment", {}).get("mixed_precision", "no")
+        lines.append(
+            f"- {_label(results)}: `{results['model']}`, new dataset {results['new_task']}, "
+            f"{results.get('environment', {}).get('date', 'undated')}"
+            + (f", {precision} autocast" if precision != "no" else "")
+        )
+    lines.append("")
+    curves = [
+        (f"{_label(r)}, {'re-drawn' if s == 'reinitialized_functions' else 'pre-trained'} functions"
+         if r.get("architecture") != "vit" else f"{_label(r)}, pre-trained", r[s], r["arguments"])
+        for r in runs for s in ("fast_adaptation", "reinitialized_functions") if r.get(s)
+    ]  # fmt: skip
+    if curves:
+        sizes = sorted({int(n) for _, study, _ in curves for n in study})
+        lines += ["Fine-tuning on N samples of the new dataset, all parameters; test accuracy (%).", ""]
+        lines += ["| training samples | " + " | ".join(name for name, _, _ in curves) + " |"]
+        lines += ["|---" * (len(curves) + 1) + "|"]
+        for n in sizes:
+            cells = [_fmt(study[str(n)]) if str(n) in study else "" for _, study, _ in curves]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        settings = sorted(
+            {f"{a['adapt_epochs']:g} epochs, RAdam {a['adapt_learning_rate']:g}" for _, _, a in curves}
+        )
+        lines += ["", "Settings: " + "; ".join(settings) + ".", ""]
+    for results in runs:
+        arguments = results["arguments"]
+        if results.get("capacity_extension"):
+            lines += [
+                f"Capacity extension ({_label(results)}): functions added, then only codes, signatures, CLS token "
+                f"and head trained on {arguments['capacity_train_samples']} samples, RAdam "
+                f"{arguments['capacity_learning_rate']:g}; test accuracy (%) on {results['new_task']}.",
+                "",
+                "| functions per script | added | accuracy |",
+                "|---|---|---|",
+            ]
+            for u, entry in _by_int_key(results["capacity_extension"]):
+                lines.append(f"| {u} | {entry['new_functions']} | {_fmt(entry)} |")
+            lines.append("")
+        if results.get("dropped_functions"):
+            lines += _per_task_table(
+                results["dropped_functions"],
+                "functions dropped per script",
+                f"Dropped functions ({_label(results)}): no training; test accuracy (%) on the pre-training "
+                "datasets, mean ± std over the choices of dropped functions.",
+            )
+        if results.get("function_iterations"):
+            lines += _per_task_table(
+                results["function_iterations"],
+                "function iterations",
+                f"Function iterations ({_label(results)}): no training; test accuracy (%) on the pre-training "
+                "datasets when the model stops after this many iterations.",
+            )
+    return "\n".join(lines)
+
+
+def _errorbar(ax: Any, keys: Sequence[int], entries: Sequence[dict[str, Any]], **kwargs: Any) -> None:
+    ax.errorbar(
+        keys,
+        [100 * e["mean"] for e in entries],
+        yerr=[100 * e["std"] for e in entries],
+        marker="o",
+        markersize=4,
+        capsize=3,
+        **kwargs,
+    )
+
+
+def write_plots(runs: Sequence[dict[str, Any]], output_dir: str | Path) -> list[Path]:
+    """One PNG per study present in ``runs``; returns their paths (needs matplotlib, the ``vis`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(fig: Any, name: str) -> None:
+        path = output_dir / f"{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        written.append(path)
+
+    curves = [(r, s) for r in runs for s in ("fast_adaptation", "reinitialized_functions") if r.get(s)]
+    if curves:
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for results, study in curves:
+            name = _label(results) + (", re-drawn functions" if study == "reinitialized_functions" else "")
+            points = _by_int_key(results[study])
+            _errorbar(ax, [n for n, _ in points], [e for _, e in points], label=name,
+                      linestyle="--" if study == "reinitialized_functions" else "-")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        sizes = sorted({int(n) for results, study in curves for n in results[study]})
+        ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8, rotation=45 if len(sizes) > 5 else 0)
+        ax.minorticks_off()
+        ax.set_xlabel("training samples of the new dataset")
+        ax.set_ylabel(f"test accuracy on {curves[0][0]['new_task']} (%)")
+        ax.set_title("Fast adaptation (paper: Fig. 4a, 5)", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        save(fig, "fast_adaptation")
+    for results in runs:
+        if results.get("capacity_extension"):
+            fig, ax = plt.subplots(figsize=(4.5, 3.5))
+            points = _by_int_key(results["capacity_extension"])
+            _errorbar(ax, [u for u, _ in points], [e for _, e in points])
+            ax.set_xticks([u for u, _ in points])
+            ax.set_xlabel("functions per script (pre-trained + added)")
+            ax.set_ylabel(f"test accuracy on {results['new_task']} (%)")
+            ax.set_title("Capacity extension (paper: Fig. 4b)", fontsize=10)
+            ax.grid(alpha=0.3)
+            save(fig, "capacity_extension")
+        for study, xlabel, title in (
+            ("dropped_functions", "functions dropped per script", "Dropped functions (paper: Fig. 4c)"),
+            ("function_iterations", "function iterations run", "Fewer function iterations"),
+        ):
+            if not results.get(study):
+                continue
+            fig, ax = plt.subplots(figsize=(4.5, 3.5))
+            points = _by_int_key(results[study])
+            tasks = _pretraining_tasks(results[study])
+            for task in ["", *tasks] if len(tasks) > 1 else [""]:
+                key = f"accuracy_{task}" if task else "accuracy"
+                _errorbar(ax, [k for k, _ in points], [e[key] for _, e in points], label=task or "all")
+            ax.set_xticks([k for k, _ in points])
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("test accuracy, pre-training datasets (%)")
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            save(fig, study)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "results", nargs="+", help="adaptation_results.json files of run_digits_adaptation.py"
+    )
+    parser.add_argument("--output_dir", required=True, help="Where the PNGs and dynamic_inference.md go.")
+    args = parser.parse_args(argv)
+    runs = []
+    for path in args.results:
+        if not Path(path).is_file():
+            parser.error(
+                f"{path}: no such file; expected an adaptation_results.json of run_digits_adaptation.py"
+            )
+        runs.append(json.loads(Path(path).read_text()))
+    output_dir = Path(args.output_dir)
+    written = write_plots(runs, output_dir)
+    (output_dir / REPORT_MD).write_text(results_markdown(runs))
+    print(f"Wrote {output_dir / REPORT_MD} and {', '.join(p.name for p in written) or 'no plots'}")
+    return written
+
+
+if __name__ == "__main__":
+    main()
