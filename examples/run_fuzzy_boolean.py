@@ -17,8 +17,9 @@ batch 128, 20 + 3 epochs, RAdam 6e-3 / 5e-2, constant learning rate); ``reduced`
 the points; ``quick`` is a smoke test of a few seconds. Every size can be overridden.
 
 Outputs in ``--output_dir``: ``pretrain/``, ``adapt-<setting>/``, ``fuzzy_boolean_results.{json,md}``, the model
-code, and ``README.md``, a model card with the measured R^2 as Hub ``model-index`` results; ``--push_to_hub``
-uploads the folder at the very end.
+code, and ``README.md``, a model card with the measured R^2 as Hub ``model-index`` results and each saved model's
+function usage on held-out points (``routing_<folder>_usage.json``, and with matplotlib, the `vis` extra, the
+pictures ``routing_<folder>_{path,usage}.png``); ``--push_to_hub`` uploads the folder at the very end.
 
 Examples::
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import json
 import logging
 import math
@@ -121,6 +123,8 @@ RESULTS_MD = "fuzzy_boolean_results.md"
 DENSITY_POINTS = 4096
 """Test points on which each model's routing density is measured."""
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "fuzzy_boolean_template.md"
+ROUTING_POINTS = 256
+"""Held-out test points on which the model card shows each saved model's function usage."""
 
 
 @dataclass
@@ -750,11 +754,47 @@ def protocol_deviations(results: dict[str, Any]) -> list[str]:
     return deviations
 
 
+def routing_section(output_dir: Path, test_inputs: dict[str, torch.Tensor]) -> str:
+    """The card's "Routing" section: the function usage (C of Eq. 4) of every model saved in ``output_dir``
+    (folder -> its held-out test inputs), its JSON and, with matplotlib (the `vis` extra), its pictures."""
+    from ni_hf.visualization import write_set_routing_card_assets
+
+    draw = importlib.util.find_spec("matplotlib") is not None
+    if not draw:
+        logger.warning(
+            "No routing pictures on the model card (no matplotlib); pip install 'ni_hf[vis]' for them"
+        )
+    sections = []
+    for folder, inputs in test_inputs.items():
+        if not (output_dir / folder / "config.json").is_file():
+            continue
+        model = NeuralInterpreterForSetRegression.from_pretrained(output_dir / folder)
+        assets = write_set_routing_card_assets(
+            model, inputs[:ROUTING_POINTS], output_dir, f"routing_{folder}", f"### `{folder}/`", draw=draw
+        )
+        sections.append(assets["markdown"].strip())
+        logger.info("Function usage of %s/ for the model card: %s", folder, ", ".join(assets["files"]))
+    if not sections:
+        return ""
+    intro = (
+        "## Routing\n\nWhich functions each saved model uses: the compatibility C of Eq. 4 (how much function u "
+        f"processes token i; over u it sums to at most 1) on the first (at most {ROUTING_POINTS}) held-out test "
+        "points of its functions. Tokens are the CLS token of every function to regress, then the 5 input variables."
+    )
+    return "\n\n".join([intro, *sections]) + "\n"
+
+
 def write_model_card(
-    output_dir: Path, results: dict[str, Any], markdown: str, repo_id: str, argv: Sequence[str], template: str
+    output_dir: Path,
+    results: dict[str, Any],
+    markdown: str,
+    repo_id: str,
+    argv: Sequence[str],
+    template: str,
+    routing: str = "",
 ) -> Path:
     """README.md: the run's model card, with the model code copied to the top of ``output_dir`` so that the card's
-    snippet loads the model of every folder without ni_hf."""
+    snippet loads the model of every folder without ni_hf; ``routing`` (Markdown) goes at its end."""
     sizes, arguments, pre = results["protocol"], results["arguments"], results["pretraining"]
     folders = [
         name
@@ -784,6 +824,7 @@ def write_model_card(
     env = results["environment"]
     card = build_fuzzy_boolean_model_card(
         template_path=template,
+        routing=routing,
         model_name=f"Neural Interpreter, fuzzy-Boolean experiment ({sizes['protocol']} protocol)",
         results=results,
         repo_id=repo_id,
@@ -1011,7 +1052,12 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     (output_dir / RESULTS_MD).write_text(markdown)
     print(markdown)
     logger.info("Results written to %s and %s", output_dir / RESULTS_JSON, output_dir / RESULTS_MD)
-    card_path = write_model_card(output_dir, results, markdown, repo_id, argv, exp.model_card_template)
+    test_inputs = {"pretrain": datasets["pretrain"]["test"].inputs}
+    test_inputs.update({f"adapt-{setting}": datasets["adapt"]["test"].inputs for setting in settings})
+    routing = routing_section(output_dir, test_inputs)
+    card_path = write_model_card(
+        output_dir, results, markdown, repo_id, argv, exp.model_card_template, routing
+    )
     logger.info("Model card written to %s", card_path)
     if push_to_hub:
         push(output_dir, repo_id, base_args)

@@ -198,6 +198,79 @@ def test_model_card_carries_the_measured_r2_and_its_snippet_loads_every_model_wi
         )
 
 
+def _card_section(text: str, folder: str) -> str:
+    """The card's routing subsection of one saved model folder."""
+    return text.split(f"### `{folder}/`")[1].split("\n### ")[0]
+
+
+def test_model_card_links_each_saved_models_routing_pictures_and_its_usage_is_that_models_own_C(
+    quick_run: tuple[dict[str, Any], Path],
+) -> None:
+    """Every saved model's card section links PNGs that exist in the folder; its table and JSON are the mean C
+    (Eq. 4) of the model's own routing output on the held-out points, per (script, iteration) and per task's CLS
+    token, each row summing to at most 1 with "none" the rest."""
+    from huggingface_hub import ModelCard
+    from PIL import Image
+
+    results, output_dir = quick_run
+    script = _load_script()
+    card = ModelCard.load(output_dir / "README.md").text
+    assert "## Routing" in card
+    data = make_fuzzy_boolean_tensors(points_per_function=results["protocol"]["points_per_function"], seed=0)
+    for folder, group in [("pretrain", "pretrain")] + [(f"adapt-{s}", "adapt") for s in SETTINGS]:
+        section = _card_section(card, folder)
+        for picture in (f"routing_{folder}_path.png", f"routing_{folder}_usage.png"):
+            assert f"]({picture})" in section
+            with Image.open(output_dir / picture) as image:
+                assert image.format == "PNG" and image.width > 300
+        usage = json.loads((output_dir / f"routing_{folder}_usage.json").read_text())
+        model = NeuralInterpreterForSetRegression.from_pretrained(str(output_dir / folder)).eval()
+        x = data[group]["test"][0][: script.ROUTING_POINTS]
+        with torch.no_grad():
+            c = (
+                torch.stack(model(inputs=x, output_routing=True).compatibilities).double().numpy()
+            )  # (K, B, U, N)
+        num_tasks = model.config.num_task_tokens
+        assert c.shape == (4, len(x), 4, num_tasks + 5) and usage["num_samples"] == len(x)
+        assert (c.sum(axis=2) <= 1 + 1e-6).all()  # Eq. 4: C over the functions sums to at most 1 per token
+        np.testing.assert_allclose(usage["by_iteration"], c.mean(axis=(1, 3)), atol=1e-6)
+        by_task = c[..., :num_tasks].mean(axis=(0, 1)).T  # (T, U): C of each task's own CLS token
+        np.testing.assert_allclose(usage["by_task"], by_task, atol=1e-6)
+        assert usage["iterations"] == [f"script {s}, iteration {k}" for s in (1, 2) for k in (1, 2)]
+        assert usage["tasks"] == model.config.task_names and usage["task_source"] == "cls_token"
+        rows = [line for line in section.splitlines() if line.startswith("| ") and "function 0" not in line]
+        expected = list(zip(usage["iterations"], c.mean(axis=(1, 3)), strict=True))
+        expected += [(f"CLS token of {t}", v) for t, v in zip(usage["tasks"], by_task, strict=True)]
+        assert len(rows) == len(expected)
+        for row, (name, values) in zip(rows, expected, strict=True):
+            cells = row.split("|")[1:-1]
+            assert cells[0].strip() == name
+            shares = [float(v) for v in cells[1:]]
+            np.testing.assert_allclose(shares[:4], values, atol=5e-4 + 1e-9)
+            assert shares[4] == pytest.approx(
+                1.0 - values.sum(), abs=1e-3
+            )  # "none": the share no function takes
+
+
+def test_without_matplotlib_the_card_keeps_the_usage_table_and_the_log_says_the_pictures_were_skipped(
+    script: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", task_names=["f0", "f1"])
+    torch.manual_seed(0)
+    NeuralInterpreterForSetRegression(config).save_pretrained(tmp_path / "pretrain")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with caplog.at_level(logging.INFO):
+        markdown = script.routing_section(
+            tmp_path, {"pretrain": torch.rand(8, 5), "adapt-all": torch.rand(8, 5)}
+        )
+    assert any("No routing pictures" in r.getMessage() for r in caplog.records)
+    assert "![" not in markdown and "| CLS token of f1 |" in markdown and "adapt-all" not in markdown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pretrain", "routing_pretrain_usage.json"]
+
+
 def test_a_failed_push_says_how_to_upload_later_after_saving_everything(
     script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

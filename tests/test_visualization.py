@@ -367,3 +367,104 @@ def test_visualize_routing_script(model, tmp_path):
     assert numbers["usage"] == vis.FunctionUsage.from_trace(trace).to_dict()
     for name in ("path_0.png", "path_2.png", "types.png", "usage.png", "attention_0.png"):
         assert_drawn((out / name).read_bytes())
+
+
+# ---------------------------------------------------------------------------------------------- set inputs
+
+
+@pytest.fixture(scope="module")
+def set_model():
+    """Two scripts of two function iterations, as the fuzzy_boolean preset, with three tasks (CLS tokens)."""
+    config = tiny_config(
+        num_scripts=2,
+        use_relative_positional_bias=False,
+        task_names=["f0", "f1", "f2"],
+        num_labels=1,
+        id2label=None,
+        num_input_variables=5,
+    )
+    torch.manual_seed(0)
+    return ni_hf.NeuralInterpreterForSetRegression(config).eval()
+
+
+@pytest.fixture(scope="module")
+def set_inputs():
+    return torch.rand(6, 5, generator=torch.Generator().manual_seed(2))
+
+
+def test_set_trace_holds_the_models_own_routing_of_every_script_and_iteration(set_model, set_inputs):
+    trace = vis.trace_routing(set_model, inputs=set_inputs)
+    with torch.no_grad():
+        out = set_model(inputs=set_inputs, output_routing=True)
+    assert trace.is_set and trace.grid is None and trace.images is None and trace.logits is None
+    assert trace.steps == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert trace.compatibilities.shape == (4, 6, 3, 3 + 5)  # (K, B, U, N): 3 CLS tokens, 5 variables
+    for k in range(4):
+        np.testing.assert_array_equal(trace.compatibilities[k], out.compatibilities[k].numpy())
+    np.testing.assert_array_equal(trace.regression, out.predictions.numpy())
+    np.testing.assert_array_equal(trace.set_inputs, set_inputs.numpy())
+    data = vis.computational_path_data(trace, index=4)
+    c = trace.compatibilities[:, 4]
+    np.testing.assert_array_equal(data["elements"], c[:, :, 3:])
+    np.testing.assert_array_equal(data["task_tokens"][:, 2], c[:, :, 2])  # task 2's CLS token
+    np.testing.assert_array_equal(data["inputs"], set_inputs[4].numpy())
+    with pytest.raises(ValueError, match="either pixel_values"):
+        vis.trace_routing(set_model)
+    with pytest.raises(ValueError, match="no task_ids"):
+        vis.trace_routing(set_model, task_ids=[0] * 6, inputs=set_inputs)
+
+
+def test_set_usage_is_mean_C_per_script_iteration_and_per_task_CLS_token_and_none_is_the_rest(
+    set_model, set_inputs
+):
+    trace = vis.trace_routing(set_model, inputs=set_inputs)
+    usage = vis.FunctionUsage.from_trace(trace)
+    c = trace.compatibilities.astype(np.float64)  # (K, B, U, N)
+    assert (c.sum(axis=2) <= 1 + 1e-6).all()  # Eq. 4: a token's C over the functions sums to at most 1
+    np.testing.assert_allclose(usage.by_iteration, c.mean(axis=(1, 3)))
+    for task in range(3):
+        np.testing.assert_allclose(usage.by_task[task], c[:, :, :, task].mean(axis=(0, 1)))
+    assert usage.class_names == [] and usage.by_class.shape == (0, 3) and usage.task_source == "cls_token"
+    table = usage.to_markdown().splitlines()
+    names = [line.split("|")[1].strip() for line in table[2:]]
+    assert names == [f"script {s}, iteration {k}" for s in (1, 2) for k in (1, 2)] + [
+        f"CLS token of f{t}" for t in range(3)
+    ]
+    for line, (_, values) in zip(table[2:], usage.rows(), strict=True):
+        cells = [float(x) for x in line.split("|")[2:-1]]
+        assert cells[:3] == [round(v, 3) for v in values]
+        assert cells[3] == pytest.approx(1.0 - values.sum(), abs=1e-3)
+    both = vis.FunctionUsage.from_trace(vis.trace_routing(set_model, inputs=set_inputs[:2])) + (
+        vis.FunctionUsage.from_trace(vis.trace_routing(set_model, inputs=set_inputs[2:]))
+    )
+    np.testing.assert_allclose(both.by_task, usage.by_task, atol=1e-6)
+    assert json.loads(json.dumps(usage.to_dict()))["task_source"] == "cls_token"
+    with pytest.raises(ValueError, match="no classes"):
+        vis.FunctionUsage.from_trace(trace, labels=[0] * 6)
+
+
+@needs_matplotlib
+def test_set_path_and_usage_figures_render_deterministically_and_images_keep_their_own(
+    set_model, set_inputs, trace
+):
+    set_trace = vis.trace_routing(set_model, inputs=set_inputs)
+    first = png_of(vis.plot_set_path(set_trace, 1))
+    assert_drawn(first)
+    assert png_of(vis.plot_set_path(vis.trace_routing(set_model, inputs=set_inputs), 1)) == first
+    assert png_of(vis.plot_set_path(set_trace, 0)) != first
+    assert_drawn(png_of(vis.plot_function_usage(vis.FunctionUsage.from_trace(set_trace))))
+    with pytest.raises(ValueError, match="plot_set_path"):
+        vis.plot_computational_path(set_trace)
+    with pytest.raises(ValueError, match="plot_computational_path"):
+        vis.plot_set_path(trace)
+
+
+def test_set_card_assets_without_matplotlib_keep_the_table_and_json(set_model, set_inputs, tmp_path):
+    result = vis.write_set_routing_card_assets(
+        set_model, set_inputs, tmp_path, "routing_x", "### x", draw=False
+    )
+    assert not result["drawn"] and "![" not in result["markdown"]
+    assert [Path(f).name for f in result["files"]] == ["routing_x_usage.json"]
+    usage = vis.FunctionUsage.from_trace(vis.trace_routing(set_model, inputs=set_inputs))
+    assert json.loads((tmp_path / "routing_x_usage.json").read_text()) == usage.to_dict() == result["usage"]
+    assert result["markdown"].startswith("### x") and usage.to_markdown() in result["markdown"]

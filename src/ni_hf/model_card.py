@@ -401,10 +401,12 @@ def build_fuzzy_boolean_model_card(
     template_path: str | os.PathLike | None = None,
     license: str | None = "mit",
     tags: Sequence[str] = ("neural-interpreters", "fuzzy-boolean", "set-regression", "multi-task", "ni_hf"),
+    routing: str = "",
     **template_kwargs: Any,
 ) -> ModelCard:
     """Render the fuzzy-Boolean card: model-index metadata from ``results`` (run_fuzzy_boolean.py's results
-    dict), text from the Jinja template (``model_cards/fuzzy_boolean_template.md`` lists what it reads)."""
+    dict), text from the Jinja template (``model_cards/fuzzy_boolean_template.md`` lists what it reads), and the
+    ``routing`` Markdown (function usage, see ``ni_hf.visualization.write_set_routing_card_assets``) at its end."""
     card_data = ModelCardData(
         model_name=model_name,
         library_name="transformers",
@@ -413,9 +415,12 @@ def build_fuzzy_boolean_model_card(
         metrics=["r_squared"],
         eval_results=fuzzy_boolean_eval_results(results) or None,
     )
-    return _render(
+    card = _render(
         card_data,
         _template(template_path, DEFAULT_FUZZY_BOOLEAN_TEMPLATE),
         model_name=model_name,
         **template_kwargs,
     )
+    if routing.strip():
+        card.text = card.text.rstrip() + "\n\n" + routing.strip() + "\n"
+    return card

@@ -5,7 +5,8 @@ function iteration, the compatibilities C (Eq. 4), the types t (Eq. 2) and Eq. 6
 `*_data` functions and `FunctionUsage` turn a trace into the arrays behind each figure; the `plot_*` functions draw
 them with matplotlib (the `vis` extra: `pip install -e ".[vis]"`), imported only when a figure is drawn, on
 `matplotlib.figure.Figure` objects (no pyplot state, so they render headless). Tokens are the task (CLS) tokens
-first, one per task, then the patches in row-major order over the grid.
+first, one per task, then the patches in row-major order over the grid, or the set's elements (the input variables
+of a `NeuralInterpreterForSetRegression`, traced with `trace_routing(model, inputs=...)`) in their order.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class RoutingTrace:
     signatures: np.ndarray  # (K, U, d_type): the normalised signatures s_u of iteration k's script
     steps: list[tuple[int, int]]  # (script, iteration within the script) of each k
     logits: np.ndarray | None  # (B, num_labels), None for the backbone
-    task_ids: np.ndarray  # (B,)
+    task_ids: np.ndarray  # (B,); zeros for a set input, whose every sample is read by every task's CLS token
     num_task_tokens: int
     grid: tuple[int, int] | None  # the patch grid, None for a set input
     images: np.ndarray | None  # (B, H, W, 3) in [0, 1], for display
@@ -44,10 +45,17 @@ class RoutingTrace:
     task_names: list[str]
     class_names: list[str]
     disabled_functions: list[int]
+    set_inputs: np.ndarray | None = None  # (B, N_in): the variables of a set-regression model
+    regression: np.ndarray | None = None  # (B, T): a set-regression model's prediction for every task
 
     @property
     def num_functions(self) -> int:
         return self.compatibilities.shape[2]
+
+    @property
+    def is_set(self) -> bool:
+        """A set input (set regression): every sample is read by the CLS token of every task."""
+        return self.set_inputs is not None
 
     @property
     def predictions(self) -> np.ndarray:
@@ -83,14 +91,23 @@ def _display_images(pixel_values: torch.Tensor, config: Any) -> np.ndarray | Non
 @torch.no_grad()
 def trace_routing(
     model: torch.nn.Module,
-    pixel_values: torch.Tensor,
+    pixel_values: torch.Tensor | None = None,
     task_ids: torch.Tensor | Sequence[int] | None = None,
     *,
+    inputs: torch.Tensor | None = None,
     num_function_iterations: int | Sequence[int] | None = None,
     disabled_functions: Sequence[int] | None = None,
     output_attentions: bool = False,
 ) -> RoutingTrace:
-    """One forward pass in eval mode; keeps C, types, signatures (and W) of every function iteration."""
+    """One forward pass in eval mode; keeps C, types, signatures (and W) of every function iteration.
+
+    pixel_values: images or patches of an image model; inputs: (B, N_in) variables of a set-regression model
+    (no task_ids: every sample is read by every task's CLS token).
+    """
+    if (pixel_values is None) == (inputs is None):
+        raise ValueError("Pass either pixel_values (an image model) or inputs (a set-regression model).")
+    if inputs is not None and getattr(model, "main_input_name", None) != "inputs":
+        raise ValueError(f"inputs= is for a set-regression model; {type(model).__name__} reads pixel_values.")
     backbone = getattr(model, "neural_interpreter", model)
     config = backbone.config
     was_training = model.training
@@ -101,12 +118,19 @@ def trace_routing(
         num_function_iterations=num_function_iterations,
         disabled_functions=list(disabled_functions) if disabled_functions else None,
     )
-    batch_size = pixel_values.shape[0]
+    batch_size = (pixel_values if inputs is None else inputs).shape[0]
+    if inputs is not None and task_ids is not None:
+        raise ValueError(
+            "A set-regression model takes no task_ids: every task's CLS token reads every sample."
+        )
     if task_ids is None:
-        task_ids = torch.full((batch_size,), int(getattr(config, "default_task", 0) or 0), dtype=torch.long)
+        task = 0 if inputs is not None else int(getattr(config, "default_task", 0) or 0)
+        task_ids = torch.full((batch_size,), task, dtype=torch.long)
     task_ids = torch.as_tensor(task_ids, dtype=torch.long)
     device = next(model.parameters()).device
-    if model is backbone:
+    if inputs is not None:
+        out = model(inputs=inputs.to(device), **kwargs)
+    elif model is backbone:
         out = model(pixel_values=pixel_values.to(device), **kwargs)
     else:
         out = model(pixel_values=pixel_values.to(device), task_ids=task_ids.to(device), **kwargs)
@@ -121,7 +145,8 @@ def trace_routing(
     ]
     num_tokens = out.compatibilities[0].shape[-1] if steps else config.num_task_tokens
     num_patches = num_tokens - config.num_task_tokens
-    grid = (config.grid_size, config.grid_size) if num_patches == config.grid_size**2 else None
+    on_grid = inputs is None and num_patches == config.grid_size**2
+    grid = (config.grid_size, config.grid_size) if on_grid else None
     attentions = None
     if output_attentions and steps:
         per_step = len(out.attentions) // len(steps)
@@ -130,6 +155,7 @@ def trace_routing(
         )
     id2label = getattr(config, "id2label", None) or {}
     logits = getattr(out, "logits", None)
+    regression = out.predictions if inputs is not None else None
     return RoutingTrace(
         compatibilities=np.stack([c.float().cpu().numpy() for c in out.compatibilities])
         if steps
@@ -150,6 +176,8 @@ def trace_routing(
         task_names=list(config.task_names),
         class_names=[str(id2label.get(i, i)) for i in range(getattr(config, "num_labels", 0) or 0)],
         disabled_functions=sorted(int(u) for u in disabled_functions or []),
+        set_inputs=None if inputs is None else inputs.detach().float().cpu().numpy(),
+        regression=None if regression is None else regression.float().cpu().numpy(),
     )
 
 
@@ -165,13 +193,22 @@ def _step_name(steps: Sequence[tuple[int, int]], i: int) -> str:
 
 
 def computational_path_data(trace: RoutingTrace, index: int = 0) -> dict[str, Any]:
-    """C of one sample per function iteration and function: on the patch grid, and for every task's CLS token."""
-    if trace.grid is None:
+    """C (Eq. 4) of one sample per function iteration and function: on the patch grid (a set: on its elements), and
+    for every task's CLS token."""
+    if trace.grid is None and not trace.is_set:
         raise ValueError("The computational path is drawn on a patch grid; this trace has a set input.")
     c = trace.compatibilities[:, index]  # (K, U, N)
     t = trace.num_task_tokens
+    if trace.is_set:
+        inputs: dict[str, Any] = {
+            "elements": c[:, :, t:],  # (K, U, N_in)
+            "inputs": trace.set_inputs[index],  # (N_in,)
+            "regression": trace.regression[index],  # (T,)
+        }
+    else:
+        inputs = {"patches": c[:, :, t:].reshape(c.shape[0], c.shape[1], *trace.grid)}  # (K, U, gh, gw)
     data = {
-        "patches": c[:, :, t:].reshape(c.shape[0], c.shape[1], *trace.grid),  # (K, U, gh, gw)
+        **inputs,
         "task_tokens": c[:, :, :t].transpose(0, 2, 1),  # (K, T, U)
         "accepted": c.sum(axis=1),  # (K, N): sum over functions of C, Eq. 4's share of token i that is routed
         "task_id": int(trace.task_ids[index]),
@@ -234,7 +271,9 @@ class FunctionUsage:
     """How much each function is used: C summed over tokens (Eq. 4 shares) per function iteration, task and class.
 
     Sums and token counts add over batches (`+`); the `by_*` means are the mean C of each function over those
-    tokens (all N of each sample: task tokens and patches), and "none" is the share no function accepted.
+    tokens (all N of each sample: task tokens and patches), and "none" is the share no function accepted. For a set
+    input (set regression: every sample is read by every task's CLS token) a task's row is the mean C of that
+    task's own CLS token (`task_source` "cls_token"), and there are no classes.
     """
 
     steps: list[tuple[int, int]]
@@ -247,7 +286,9 @@ class FunctionUsage:
     class_sums: np.ndarray  # (num_classes, U), over iterations too
     class_tokens: np.ndarray  # (num_classes,)
     num_samples: int
-    class_source: str  # "labels" or "predictions"
+    class_source: str  # "labels" or "predictions" ("none" for a set input)
+    # "samples": a task's row is over all tokens of its samples; "cls_token": over its own CLS token (a set input)
+    task_source: str = "samples"
 
     @classmethod
     def from_trace(
@@ -256,6 +297,24 @@ class FunctionUsage:
         """Usage of one trace; classes from `labels`, or from the predictions when None."""
         c = trace.compatibilities.astype(np.float64)  # (K, B, U, N)
         k, b, u, n = c.shape
+        if trace.is_set:
+            if labels is not None:
+                raise ValueError("A set input has no classes: its labels are regression targets.")
+            num_tasks = trace.num_task_tokens
+            return cls(
+                steps=list(trace.steps),
+                task_names=list(trace.task_names),
+                class_names=[],
+                iteration_sums=c.sum(axis=(1, 3)),
+                iteration_tokens=b * n,
+                task_sums=c[..., :num_tasks].sum(axis=(0, 1)).T,  # (T, U): C of each task's own CLS token
+                task_tokens=np.full(num_tasks, k * b),
+                class_sums=np.zeros((0, u)),
+                class_tokens=np.zeros(0, dtype=np.int64),
+                num_samples=b,
+                class_source="none",
+                task_source="cls_token",
+            )
         per_sample = c.sum(axis=(0, 3))  # (B, U)
         classes = trace.predictions if labels is None else np.asarray(labels, dtype=np.int64)
         num_tasks = len(trace.task_names)
@@ -280,7 +339,11 @@ class FunctionUsage:
         )
 
     def __add__(self, other: FunctionUsage) -> FunctionUsage:
-        if self.steps != other.steps or self.task_names != other.task_names:
+        if (self.steps, self.task_names, self.task_source) != (
+            other.steps,
+            other.task_names,
+            other.task_source,
+        ):
             raise ValueError("Only usages of the same model and function iterations add up.")
         if self.class_source != other.class_source:
             raise ValueError("Usages counted by labels and by predictions do not add up.")
@@ -301,6 +364,7 @@ class FunctionUsage:
             class_tokens=pad(self.class_tokens) + pad(other.class_tokens),
             num_samples=self.num_samples + other.num_samples,
             class_source=self.class_source,
+            task_source=self.task_source,
         )
 
     @property
@@ -310,7 +374,8 @@ class FunctionUsage:
 
     @property
     def by_task(self) -> np.ndarray:
-        """(T, U): mean C of each function over the function iterations, for the samples of each task (NaN: none)."""
+        """(T, U): mean C of each function over the function iterations, for the samples of each task (NaN: none),
+        or of each task's CLS token (`task_source` "cls_token")."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.task_sums / self.task_tokens[:, None]
 
@@ -323,8 +388,9 @@ class FunctionUsage:
     def rows(self) -> list[tuple[str, np.ndarray]]:
         """(row name, mean C per function) for every function iteration, task and class that has samples."""
         rows = [(_step_name(self.steps, i), self.by_iteration[i]) for i in range(len(self.steps))]
+        task = "CLS token of {}" if self.task_source == "cls_token" else "task {}"
         rows += [
-            (f"task {t}", v)
+            (task.format(t), v)
             for t, v, m in zip(self.task_names, self.by_task, self.task_tokens, strict=True)
             if m
         ]
@@ -351,6 +417,7 @@ class FunctionUsage:
             "by_class": clean(self.by_class),
             "num_samples": self.num_samples,
             "class_source": self.class_source,
+            "task_source": self.task_source,
         }
 
     def to_markdown(self) -> str:
@@ -431,6 +498,8 @@ def plot_computational_path(trace: RoutingTrace, index: int = 0) -> Figure:
     The first column shows the input; each panel shades the patches by C_ui of that function (0 to 1) and gives C
     of the sample's own CLS token; with several tasks, a last column shows C for every task's CLS token.
     """
+    if trace.grid is None:
+        raise ValueError("The computational path is drawn on a patch grid; a set input has plot_set_path.")
     data = computational_path_data(trace, index)
     patches, cls = data["patches"], data["task_tokens"]
     k, u = patches.shape[:2]
@@ -484,6 +553,58 @@ def plot_computational_path(trace: RoutingTrace, index: int = 0) -> Figure:
     if mappable is not None:
         fig.colorbar(mappable, ax=axes[:, 1 : u + 1].ravel().tolist(), shrink=0.6, label="compatibility C")
     fig.suptitle(_title(trace, index), fontsize=10)
+    return fig
+
+
+def plot_set_path(trace: RoutingTrace, index: int = 0) -> Figure:
+    """Computational path of one set: C (Eq. 4) of each function (rows) for each token (columns) per iteration.
+
+    One panel per function iteration; the columns are the tasks' CLS tokens, then the input variables (with their
+    values); the last row, "none", is 1 - sum_u C_ui, the share of the token that no function processes.
+    """
+    if not trace.is_set:
+        raise ValueError("plot_set_path draws a set input; an image has plot_computational_path.")
+    data = computational_path_data(trace, index)
+    c = np.concatenate([data["task_tokens"].transpose(0, 2, 1), data["elements"]], axis=2)  # (K, U, N)
+    k, u, n = c.shape
+    values = np.concatenate([c, np.clip(1.0 - data["accepted"], 0.0, 1.0)[:, None]], axis=1)  # (K, U + 1, N)
+    t = trace.num_task_tokens
+    columns = [f"CLS {name}"[:10] for name in trace.task_names]
+    columns += [f"x{j} = {v:.2f}" for j, v in enumerate(data["inputs"])]
+    rows = [f"function {f}" + (" (off)" if f in trace.disabled_functions else "") for f in range(u)] + [
+        "none"
+    ]
+    fig = _new_figure(max(6.0, 1.6 + 0.36 * n), 1.3 + max(k, 1) * (0.3 * (u + 1) + 0.35))
+    axes = fig.subplots(max(k, 1), 1, squeeze=False, sharex=True)[:, 0]
+    mappable = None
+    for i in range(k):
+        ax = axes[i]
+        mappable = ax.imshow(
+            values[i], cmap="magma", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"
+        )
+        for (r, col), v in np.ndenumerate(values[i]):
+            ax.text(
+                col,
+                r,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=5,
+                color="white" if v < 0.6 else "black",
+            )
+        ax.axvline(t - 0.5, color="cyan", linewidth=1.5)
+        ax.set_yticks(range(u + 1))
+        ax.set_yticklabels(rows, fontsize=7)
+        ax.set_title(_step_name(trace.steps, i), fontsize=9)
+    axes[-1].set_xticks(range(n))
+    axes[-1].set_xticklabels(columns, fontsize=6, rotation=90)
+    if k == 0:
+        axes[0].set_title("no function iteration")
+    if mappable is not None:
+        fig.colorbar(mappable, ax=list(axes), shrink=0.6, label="compatibility C")
+    fig.suptitle(
+        f"Sample {index}: C of its {t} CLS tokens (one per task)\nand {n - t} input variables", fontsize=10
+    )
     return fig
 
 
@@ -551,10 +672,15 @@ def plot_function_usage(usage: FunctionUsage) -> Figure:
     iterations = [_step_name(usage.steps, i) for i in range(len(usage.steps))]
     tasks = [i for i, m in enumerate(usage.task_tokens) if m]
     classes = [i for i, m in enumerate(usage.class_tokens) if m]
+    cls_rows = usage.task_source == "cls_token"
     parts = [
         ("function iteration", iterations, usage.by_iteration),
-        ("task", [usage.task_names[i] for i in tasks], usage.by_task[tasks]),
-        ("class", [usage.class_names[i] for i in classes], usage.by_class[classes]),
+        (
+            "task's CLS token" if cls_rows else "task",
+            [("CLS " if cls_rows else "") + str(usage.task_names[i])[:14] for i in tasks],
+            usage.by_task[tasks],
+        ),
+        ("class", [str(usage.class_names[i])[:14] for i in classes], usage.by_class[classes]),
     ]
     parts = [part for part in parts if len(part[1])]
     u = usage.iteration_sums.shape[1]
@@ -573,7 +699,7 @@ def plot_function_usage(usage: FunctionUsage) -> Figure:
         ax.set_xticks(range(u))
         ax.set_xticklabels([f"f{j}" for j in range(u)], fontsize=7)
         ax.set_yticks(range(len(names)))
-        ax.set_yticklabels([str(n)[:14] for n in names], fontsize=7)
+        ax.set_yticklabels(names, fontsize=7)
         ax.set_title(f"per {title}", fontsize=9)
     fig.colorbar(mappable, ax=list(axes), shrink=0.8, label="mean C")
     fig.suptitle(f"Function usage over {usage.num_samples} samples", fontsize=10)
@@ -699,6 +825,64 @@ def write_routing_card_assets(
     return {"markdown": markdown, "files": [str(png), str(usage_json)], "usage": usage.to_dict()}
 
 
+def write_set_routing_card_assets(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    output_dir: str | Path,
+    stem: str = "routing",
+    heading: str = "## Routing",
+    index: int = 0,
+    draw: bool | None = None,
+) -> dict[str, Any]:
+    """Function usage (C of Eq. 4) of a set-regression model on a batch: JSON, Markdown table and, with matplotlib,
+    the PNGs of one sample's path and of the usage; returns the model card's Markdown section.
+
+    Writes `<stem>_usage.json` (and `<stem>_path.png`, `<stem>_usage.png`) in `output_dir`; draw None: draw when
+    matplotlib (the `vis` extra) is importable. Returns {"markdown", "files", "usage", "drawn"}.
+    """
+    import importlib.util
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    trace = trace_routing(model, inputs=inputs)
+    usage = FunctionUsage.from_trace(trace)
+    usage_json = output_dir / f"{stem}_usage.json"
+    usage_json.write_text(json.dumps(usage.to_dict(), indent=2) + "\n")
+    drawn = importlib.util.find_spec("matplotlib") is not None if draw is None else draw
+    lines = [heading, ""]
+    files = [usage_json]
+    if drawn:
+        path_png, usage_png = output_dir / f"{stem}_path.png", output_dir / f"{stem}_usage.png"
+        save_figure(plot_set_path(trace, index), path_png)
+        save_figure(plot_function_usage(usage), usage_png)
+        files = [path_png, usage_png, usage_json]
+        lines += [
+            f"![Computational path of one test point]({path_png.name})",
+            "",
+            "The computational path of one test point: at each function iteration (panels), the compatibility C "
+            "of Eq. 4 of each function (rows) with each token (columns: the CLS token of every function to "
+            "regress, then the input variables); 'none' is the share of a token that no function processes.",
+            "",
+            f"![Function usage]({usage_png.name})",
+            "",
+        ]
+    lines += [
+        f"Function usage: mean C of each function over all tokens of {usage.num_samples} test points per "
+        "function iteration (script, iteration), and over the iterations for the CLS token of each function to "
+        f"regress; 'none' is 1 minus the row's sum, the share no function accepts ({usage_json.name} has the "
+        "numbers).",
+        "",
+        usage.to_markdown(),
+        "",
+    ]
+    return {
+        "markdown": "\n".join(lines),
+        "files": [str(f) for f in files],
+        "usage": usage.to_dict(),
+        "drawn": drawn,
+    }
+
+
 __all__ = [
     "FunctionUsage",
     "RoutingTrace",
@@ -708,9 +892,11 @@ __all__ = [
     "plot_attention",
     "plot_computational_path",
     "plot_function_usage",
+    "plot_set_path",
     "plot_type_space",
     "save_figure",
     "trace_routing",
     "type_projection_data",
     "write_routing_card_assets",
+    "write_set_routing_card_assets",
 ]
