@@ -204,6 +204,9 @@ class DigitsTrainingArguments(TrainingArguments):
     )
     per_device_eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch per process."})
     num_train_epochs: float = field(default=100.0, metadata={"help": "Training epochs (paper: 100)."})
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "Stop training once this many minutes have passed (a guard)."}
+    )
     eval_strategy: IntervalStrategy | str = field(default="epoch", metadata={"help": "When to evaluate."})
     save_strategy: SaveStrategy | str = field(
         default="epoch", metadata={"help": "When to save a checkpoint."}
@@ -493,6 +496,7 @@ def run(
     # Data and config
     set_seed(args.seed)
     compile_for_static_batches(args)
+    callbacks = _common.time_limit_callbacks(args.max_train_minutes)  # refuses a bad value before the data
     checkpoint = args.resume_from_checkpoint if args.do_train else None
     if checkpoint is not None and checkpoint.lower() in ("true", "last", "latest"):
         checkpoint = _common.last_complete_checkpoint(args.output_dir)
@@ -562,6 +566,7 @@ def run(
         compute_metrics=make_compute_metrics(metric, task_names, model_task_ids),
         optimizer_cls_and_kwargs=optimizer,
         augmentation=augmentation,
+        callbacks=callbacks,
     )
 
     # Train
