@@ -79,9 +79,10 @@ def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
         for n in sizes:
             cells = [_fmt(study[str(n)]) if str(n) in study else "" for _, study, _ in curves]
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        settings = sorted(
-            {f"{a['adapt_epochs']:g} epochs, RAdam {a['adapt_learning_rate']:g}" for _, _, a in curves}
-        )
+        settings = {
+            f"{name}: {a['adapt_epochs']:g} epochs, RAdam {a['adapt_learning_rate']:g}": None
+            for name, _, a in curves
+        }
         lines += ["", "Settings: " + "; ".join(settings) + ".", ""]
     for results in runs:
         arguments = results["arguments"]
