@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
+import torch
 from transformers import PretrainedConfig, TrainerCallback
 
 from ni_hf import NeuralInterpreterImageProcessor
@@ -241,3 +243,27 @@ class TrainingTimeLimit(TrainerCallback):
 def time_limit_callbacks(max_minutes: float | None) -> list[TrainerCallback]:
     """``[TrainingTimeLimit(max_minutes)]``, or no callback when ``max_minutes`` is None."""
     return [] if max_minutes is None else [TrainingTimeLimit(max_minutes)]
+
+
+def add_routing_to_card(
+    model: torch.nn.Module, test: datasets.Dataset, card: Path, num_images: int = 64
+) -> None:
+    """Append the computational path of a test image and the function usage of a test batch to the model card."""
+    try:
+        from ni_hf.visualization import write_routing_card_assets
+    except ImportError as error:  # matplotlib is the `vis` extra
+        logger.warning(f"No routing picture on the model card ({error}); pip install 'ni_hf[vis]' for it")
+        return
+    batch = test.shuffle(seed=0).select(range(min(num_images, len(test))))[:]
+    assets = write_routing_card_assets(
+        model,
+        torch.as_tensor(np.stack(batch["pixel_values"])).to(model.device),
+        torch.as_tensor(batch["task_ids"]),
+        card.parent,
+        labels=batch["labels"],
+    )
+    with card.open("a") as f:
+        f.write("\n" + assets["markdown"].rstrip() + "\n")
+    logger.info(
+        f"Routing picture and function usage added to the model card: {', '.join(map(str, assets['files']))}"
+    )

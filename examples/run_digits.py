@@ -51,7 +51,7 @@ from ni_hf.digits_data import (
     load_digits_tasks,
     resolve_dataset_source,
 )
-from ni_hf.evaluation import CopiedPredictionsMixin, load_multitask_accuracy
+from ni_hf.evaluation import CopiedPredictionsMixin, load_multitask_accuracy, make_compute_metrics
 from ni_hf.model_card import digits_task_info, write_digits_model_card
 from ni_hf.paths import check_model_path
 from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
@@ -375,39 +375,6 @@ def task_sizes(dataset: datasets.Dataset, task_names: list[str], split: str) -> 
     return [int(count) for count in counts]
 
 
-def make_compute_metrics(metric: Any, task_names: list[str], model_task_ids: list[int]):
-    """Accuracy per task and overall, sample counts, and the eval loss as the mean cross-entropy over samples.
-
-    The Trainer calls it with the predictions of all processes gathered once each; its own eval_loss weighs every
-    batch by the first batch's size, so a smaller last batch (or uneven shards across processes) biased it.
-    """
-    to_data = np.zeros(max(model_task_ids) + 1, dtype=np.int64)
-    to_data[model_task_ids] = np.arange(len(model_task_ids))
-
-    def compute_metrics(eval_pred: transformers.EvalPrediction) -> dict[str, float]:
-        logits = (
-            eval_pred.predictions[0] if isinstance(eval_pred.predictions, tuple) else eval_pred.predictions
-        )
-        logits = np.asarray(logits, dtype=np.float64)
-        labels, task_ids = (np.asarray(x).reshape(-1) for x in eval_pred.label_ids)
-        task_ids = to_data[task_ids]
-        results = metric.compute(
-            predictions=logits.argmax(-1).tolist(),
-            references=labels.tolist(),
-            task_ids=task_ids.tolist(),
-            task_names=task_names,
-        )
-        shifted = logits - logits.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-        results["loss"] = float(-log_probs[np.arange(len(labels)), labels].mean())
-        results["num_samples"] = len(labels)
-        for task_id, name in enumerate(task_names):
-            results[f"num_samples_{name}"] = int((task_ids == task_id).sum())
-        return results
-
-    return compute_metrics
-
-
 class DigitsTrainer(CopiedPredictionsMixin, Trainer):
     """Trainer that augments training batches on the training device, and leaves the eval loss to compute_metrics."""
 
@@ -444,30 +411,6 @@ def setup_logging(args: TrainingArguments) -> None:
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
-
-
-def add_routing_to_card(
-    model: torch.nn.Module, test: datasets.Dataset, card: Path, num_images: int = 64
-) -> None:
-    """Append the computational path of a test image and the function usage of a test batch to the model card."""
-    try:
-        from ni_hf.visualization import write_routing_card_assets
-    except ImportError as error:  # matplotlib is the `vis` extra
-        logger.warning(f"No routing picture on the model card ({error}); pip install 'ni_hf[vis]' for it")
-        return
-    batch = test.shuffle(seed=0).select(range(min(num_images, len(test))))[:]
-    assets = write_routing_card_assets(
-        model,
-        torch.as_tensor(np.stack(batch["pixel_values"])).to(model.device),
-        torch.as_tensor(batch["task_ids"]),
-        card.parent,
-        labels=batch["labels"],
-    )
-    with card.open("a") as f:
-        f.write("\n" + assets["markdown"].rstrip() + "\n")
-    logger.info(
-        f"Routing picture and function usage added to the model card: {', '.join(map(str, assets['files']))}"
-    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -563,7 +506,7 @@ def run(
         train_dataset=raw["train"] if args.do_train else None,
         eval_dataset=raw["test"] if args.do_eval else None,
         processing_class=processor,
-        compute_metrics=make_compute_metrics(metric, task_names, model_task_ids),
+        compute_metrics=make_compute_metrics(task_names, model_task_ids, metric),
         optimizer_cls_and_kwargs=optimizer,
         augmentation=augmentation,
         callbacks=callbacks,
@@ -639,7 +582,7 @@ def run(
         )
         logger.info(f"Model card written to {path}")
         if model_args.architecture == "neural_interpreter" and args.do_eval:
-            add_routing_to_card(model, raw["test"], path)
+            _common.add_routing_to_card(model, raw["test"], path)
     trainer.accelerator.wait_for_everyone()
     if push_to_hub and trainer.is_world_process_zero():
         try:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from ni_hf.evaluation import (
     MULTITASK_ACCURACY_DIR,
@@ -165,12 +166,29 @@ def test_fresh_process_caches_under_hf_home(tmp_path: Path) -> None:
 
 
 def test_make_compute_metrics() -> None:
-    """The Trainer compute_metrics takes logits and (labels, task_ids) label_ids."""
+    """The Trainer compute_metrics takes logits and (labels, task_ids) label_ids; from logits it adds the mean
+    cross-entropy over samples, and with task names the sample counts."""
     logits = np.eye(10)[PREDICTIONS] + 0.01
     eval_pred = SimpleNamespace(predictions=(logits,), label_ids=(np.array(REFERENCES), np.array(TASK_IDS)))
-    _assert_results(make_compute_metrics(TASK_NAMES)(eval_pred), EXPECTED)
+    counts = {"num_samples": len(REFERENCES)}
+    counts |= {f"num_samples_{name}": TASK_IDS.count(i) for i, name in enumerate(TASK_NAMES)}
+    loss = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(REFERENCES)).item()
+    _assert_results(make_compute_metrics(TASK_NAMES)(eval_pred), EXPECTED | counts | {"loss": loss})
+    class_ids = SimpleNamespace(predictions=np.array(PREDICTIONS), label_ids=eval_pred.label_ids)
+    _assert_results(make_compute_metrics(TASK_NAMES)(class_ids), EXPECTED | counts)
     with pytest.raises(ValueError, match="label_names"):
         make_compute_metrics(TASK_NAMES)(SimpleNamespace(predictions=logits, label_ids=np.array(REFERENCES)))
+
+
+def test_make_compute_metrics_maps_the_models_task_ids_to_the_datas() -> None:
+    """A model that knows the tasks in another order (or more of them) reports per data task."""
+    model_task_ids = [3, 0, 1]  # mnist is the model's task 3, mnistm its 0, svhn its 1
+    model_ids = np.array([model_task_ids[t] for t in TASK_IDS])
+    eval_pred = SimpleNamespace(
+        predictions=np.array(PREDICTIONS), label_ids=(np.array(REFERENCES), model_ids)
+    )
+    results = make_compute_metrics(TASK_NAMES, model_task_ids)(eval_pred)
+    assert {k: results[k] for k in EXPECTED} == pytest.approx(EXPECTED)
 
 
 def test_non_integer_predictions_are_refused_not_truncated() -> None:

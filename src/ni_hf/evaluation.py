@@ -103,16 +103,27 @@ def compute_multitask_accuracy(
     return results
 
 
-def make_compute_metrics(task_names: Sequence[str] | None = None) -> Callable[[Any], dict[str, float]]:
+def make_compute_metrics(
+    task_names: Sequence[str] | None = None,
+    model_task_ids: Sequence[int] | None = None,
+    metric: Any = None,
+) -> Callable[[Any], dict[str, float]]:
     """Build a ``Trainer`` ``compute_metrics`` that reports overall and per-task accuracy.
 
-    The returned function expects ``EvalPrediction.label_ids`` to be the pair
-    ``(labels, task_ids)``, which the Trainer produces with
-    ``TrainingArguments(label_names=["labels", "task_ids"])``. Predictions may be
-    logits (argmax over the last axis is taken) or class ids; when the model returns
-    a tuple, its first element is used.
+    The returned function expects ``EvalPrediction.label_ids`` to be the pair ``(labels, task_ids)``, which the
+    Trainer produces with ``TrainingArguments(label_names=["labels", "task_ids"])``. Predictions may be logits or
+    class ids; when the model returns a tuple, its first element is used. ``model_task_ids``: the model's task id
+    of each of ``task_names`` (when the model knows more tasks than the data has, or orders them differently).
+    ``metric``: an ``evaluate`` module such as ``load_multitask_accuracy()`` to compute the accuracies with
+    (default: ``compute_multitask_accuracy``). From logits it also reports ``loss``, the mean cross-entropy over
+    samples (the Trainer's own eval loss weighs every batch by the first batch's size), and with ``task_names``
+    ``num_samples`` and ``num_samples_<task>``.
     """
     names = list(task_names) if task_names is not None else None
+    to_data = None
+    if model_task_ids is not None:
+        to_data = np.zeros(max(model_task_ids) + 1, dtype=np.int64)
+        to_data[list(model_task_ids)] = np.arange(len(model_task_ids))
 
     def compute_metrics(eval_pred: Any) -> dict[str, float]:
         """Compute overall and per-task accuracy from a Trainer ``EvalPrediction``."""
@@ -120,16 +131,35 @@ def make_compute_metrics(task_names: Sequence[str] | None = None) -> Callable[[A
         if isinstance(predictions, (tuple, list)):
             predictions = predictions[0]
         predictions = np.asarray(predictions)
-        if predictions.ndim > 1:
-            predictions = predictions.argmax(axis=-1)
         label_ids = eval_pred.label_ids
         if not isinstance(label_ids, (tuple, list)) or len(label_ids) != 2:
             raise ValueError(
                 "compute_metrics needs label_ids=(labels, task_ids); set "
                 'TrainingArguments(label_names=["labels", "task_ids"])'
             )
-        labels, task_ids = label_ids
-        return compute_multitask_accuracy(predictions, labels, task_ids, names)
+        labels, task_ids = (np.asarray(x).reshape(-1) for x in label_ids)
+        if to_data is not None:
+            task_ids = to_data[task_ids]
+        classes = predictions.argmax(axis=-1) if predictions.ndim > 1 else predictions
+        if metric is None:
+            results = compute_multitask_accuracy(classes, labels, task_ids, names)
+        else:
+            results = metric.compute(
+                predictions=classes.tolist(),
+                references=labels.tolist(),
+                task_ids=task_ids.tolist(),
+                task_names=names,
+            )
+        if predictions.ndim > 1:
+            logits = predictions.astype(np.float64)
+            shifted = logits - logits.max(-1, keepdims=True)
+            log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+            results["loss"] = float(-log_probs[np.arange(len(labels)), labels].mean())
+        if names is not None:
+            results["num_samples"] = len(labels)
+            for task_id, name in enumerate(names):
+                results[f"num_samples_{name}"] = int((task_ids == task_id).sum())
+        return results
 
     return compute_metrics
 
