@@ -581,10 +581,12 @@ def images_bar(study: str, sizes: list[int], exp: AdaptationArguments, base: Tra
     return tqdm(total=total, desc=study, unit="img", unit_scale=True, disable=not base.should_log)
 
 
-def pretraining_tests(
-    exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, task_names: list[str]
-) -> list[datasets.Dataset]:
-    """The test split of every pre-training dataset, preprocessed, with its task id."""
+def pretrained_with_tests(
+    exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor
+) -> tuple[NeuralInterpreterForImageClassification, list[str], list[datasets.Dataset]]:
+    """The pre-trained model, its task names and the test split of every pre-training dataset, preprocessed."""
+    model = load_pretrained(exp.model_name_or_path)
+    task_names = list(model.config.task_names)
     # scikit-learn's digits exist only there; every other pre-training dataset comes from --dataset_source.
     sources = {name: "sklearn" if name == SKLEARN_TASK else exp.dataset_source for name in task_names}
     tests = [
@@ -594,7 +596,7 @@ def pretraining_tests(
         for i, name in enumerate(task_names)
     ]
     logger.info("Pre-training datasets %s: %s test images", task_names, [len(t) for t in tests])
-    return tests
+    return model, task_names, tests
 
 
 def summarize_per_task(results: list[dict[str, float]]) -> dict[str, Any]:
@@ -606,9 +608,7 @@ def run_function_iterations(
     exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, show_progress: bool = True
 ) -> dict[str, Any]:
     """Anytime inference: accuracy on the pre-training datasets after 1, 2, ... of the trained iterations."""
-    model = load_pretrained(exp.model_name_or_path)
-    task_names = list(model.config.task_names)
-    tests = pretraining_tests(exp, processor, task_names)
+    model, task_names, tests = pretrained_with_tests(exp, processor)
     trained = max(model.config.iterations_per_script)
     out: dict[str, Any] = {}
     for n in tqdm(range(1, trained + 1), desc="function_iterations", disable=not show_progress):
@@ -625,9 +625,7 @@ def run_dropped_functions(
     exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor, show_progress: bool = True
 ) -> dict[str, Any]:
     """Accuracy on the pre-training datasets with k random functions per script dropped at test time."""
-    model = load_pretrained(exp.model_name_or_path)
-    task_names = list(model.config.task_names)
-    tests = pretraining_tests(exp, processor, task_names)
+    model, task_names, tests = pretrained_with_tests(exp, processor)
     num_functions, num_scripts = model.config.num_functions, model.config.num_scripts
     rng = np.random.default_rng(0)
     out: dict[str, Any] = {}

@@ -46,11 +46,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_all_studies_run_and_write_their_results(
-    script: ModuleType, checkpoint: Path, tmp_path: Path
-) -> None:
-    output_dir = tmp_path / "studies"
-    args = [
+def sklearn_study_args(checkpoint: Path) -> list[str]:
+    """The checkpoint, adapted to scikit-learn's digits (offline)."""
+    return [
         "--model_name_or_path",
         str(checkpoint),
         "--new_task",
@@ -58,6 +56,13 @@ def test_all_studies_run_and_write_their_results(
         "--dataset_source",
         "sklearn",
     ]
+
+
+def test_all_studies_run_and_write_their_results(
+    script: ModuleType, checkpoint: Path, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "studies"
+    args = sklearn_study_args(checkpoint)
     args += ["--num_train_samples", "32", "64", "--adaptation_seeds", "0", "1", "--adapt_epochs", "1"]
     args += ["--batch_size", "32", "--capacity_new_functions", "0", "2", "--capacity_train_samples", "32"]
     args += ["--dropped_draws", "2", "--max_eval_samples", "40", "--output_dir", str(output_dir)]
@@ -89,14 +94,7 @@ def test_all_studies_run_and_write_their_results(
 def test_quick_runs_every_study_and_draws_one_plot_per_study(
     script: ModuleType, checkpoint: Path, tmp_path: Path
 ) -> None:
-    args = [
-        "--model_name_or_path",
-        str(checkpoint),
-        "--new_task",
-        "sklearn_digits",
-        "--dataset_source",
-        "sklearn",
-    ]
+    args = sklearn_study_args(checkpoint)
     results = script.main([*args, "--quick", "--output_dir", str(tmp_path)])
     assert results["studies"] == list(script.STUDIES)
     assert sorted(results["fast_adaptation"], key=int) == [
@@ -366,14 +364,7 @@ def test_too_large_training_sizes_fail_before_any_run(
         raise AssertionError("a run started before the sizes were checked")
 
     monkeypatch.setattr(script, "finetune", refuse)
-    args = [
-        "--model_name_or_path",
-        str(checkpoint),
-        "--new_task",
-        "sklearn_digits",
-        "--dataset_source",
-        "sklearn",
-    ]
+    args = sklearn_study_args(checkpoint)
     args += ["--studies", "fast_adaptation,capacity_extension", "--num_train_samples", "32", "2048", "5000"]
     args += ["--output_dir", str(tmp_path / "out")]
     expected = (
