@@ -98,20 +98,24 @@ def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
             for u, entry in _by_int_key(results["capacity_extension"]):
                 lines.append(f"| {u} | {entry['new_functions']} | {_fmt(entry)} |")
             lines.append("")
-        if results.get("dropped_functions"):
-            lines += _per_task_table(
-                results["dropped_functions"],
+        for study, key_name, what in (
+            (
+                "dropped_functions",
                 "functions dropped per script",
-                f"Dropped functions ({_label(results)}): no training; test accuracy (%) on the pre-training "
-                "datasets, mean ± std over the choices of dropped functions.",
-            )
-        if results.get("function_iterations"):
-            lines += _per_task_table(
-                results["function_iterations"],
+                ", mean ± std over the choices of dropped functions",
+            ),
+            (
+                "function_iterations",
                 "function iterations",
-                f"Function iterations ({_label(results)}): no training; test accuracy (%) on the pre-training "
-                "datasets when the model stops after this many iterations.",
-            )
+                " when the model stops after this many iterations",
+            ),
+        ):
+            if results.get(study):
+                caption = (
+                    f"{study.replace('_', ' ').capitalize()} ({_label(results)}): no training; test accuracy (%) "
+                    f"on the pre-training datasets{what}."
+                )
+                lines += _per_task_table(results[study], key_name, caption)
     return "\n".join(lines)
 
 
