@@ -65,7 +65,11 @@ def test_checkpoint_holds_safetensors_config_code_and_processor(checkpoint):
     path, *_ = checkpoint
     files = set(os.listdir(path))
     assert {"model.safetensors", "config.json", "preprocessor_config.json"} <= files
-    assert {"configuration_neural_interpreter.py", "modeling_neural_interpreter.py"} <= files
+    assert {
+        "configuration_neural_interpreter.py",
+        "modeling_neural_interpreter.py",
+        "input_checks.py",
+    } <= files
     assert "image_processing_neural_interpreter.py" in files
     assert not any(f.endswith(".bin") for f in files)
     auto_map = json.loads((path / "config.json").read_text())["auto_map"]

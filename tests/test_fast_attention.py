@@ -11,7 +11,7 @@ import torch
 
 import ni_hf.fast_attention as fast
 from ni_hf import ALL_ATTENTION_FUNCTIONS, NeuralInterpreterForImageClassification, NeuralInterpreterModel
-from ni_hf.modeling_neural_interpreter import eager_attention
+from ni_hf.modeling_neural_interpreter import ALL_LINE_OF_CODE_FUNCTIONS, eager_attention
 
 IMPLEMENTATIONS = sorted(name for name in ALL_ATTENTION_FUNCTIONS if name != "eager")
 
@@ -136,3 +136,75 @@ def test_bilinear_form_is_left_to_batches_large_enough_to_repay_forming_its_matr
         True,
     ]
     assert not any(fast.bilinear_attention_pays(128, 32, 25, b) for b in (1, 10**6))
+
+
+def test_fast_is_registered_for_the_whole_line_of_code():
+    assert ALL_LINE_OF_CODE_FUNCTIONS["fast"] is fast.fast_line_of_code
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(
+    "shared_input,sizes",
+    [
+        (True, {"hidden_size": 8, "attention_head_size": 8}),
+        (True, {}),
+        (False, {"hidden_size": 8, "attention_head_size": 8}),
+    ],
+    ids=["shared-bilinear", "shared-qk", "streams"],
+)
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "chunks"])
+def test_fast_line_of_code_computes_the_reference_loc_and_its_gradients(
+    tester, monkeypatch, with_bias, shared_input, sizes, chunked
+):
+    """Eqs. 5-7 with the gated ModLins, the MLP's LayerNorm and GELU inside Functions: streams and every gradient,
+    also when the batch runs in chunks (of one sample each here)."""
+    if chunked:
+        monkeypatch.setattr(fast, "CHUNK_NUMBERS", 1)
+    loc, x, c, codes = _loc_and_inputs(tester, shared_input, **sizes)
+    if chunked:
+        assert len(fast._batch_chunks(x, c, loc)) == 3
+    loc.train()
+    x.requires_grad_()
+    c.requires_grad_()
+    leaves = [x, c, *loc.parameters()]
+    results = []
+    for implementation in ("eager", "fast"):
+        loc.config._attn_implementation = implementation
+        bias = loc.position_bias(codes, 2) if with_bias else None
+        streams, _ = loc(x, c, loc.function_weights(codes), bias)
+        # Weighted so that every stream element gets its own gradient, as Eq. 8's sum and the next LOC give.
+        loss = (streams * torch.linspace(-1, 1, streams.numel(), dtype=torch.double).view_as(streams)).sum()
+        results.append((streams, torch.autograd.grad(loss, leaves, allow_unused=True)))
+    (reference, reference_grads), (fused, fused_grads) = results
+    torch.testing.assert_close(fused, reference, atol=1e-10, rtol=1e-9)
+    for name, g_fused, g_reference in zip(
+        ["x", "C", *dict(loc.named_parameters())], fused_grads, reference_grads, strict=True
+    ):
+        if g_reference is None:
+            assert g_fused is None or (g_fused == 0).all(), name
+        else:
+            torch.testing.assert_close(g_fused, g_reference, atol=1e-9, rtol=1e-8, msg=name)
+
+
+def test_fast_line_of_code_steps_aside_under_dropout_compilers_and_autocast(tester, monkeypatch):
+    loc, x, c, codes = _loc_and_inputs(tester, shared_input=True)
+    weights = loc.function_weights(codes)
+    assert fast.fast_line_of_code(loc, x, c, weights, None) is not None
+    loc.train()
+    loc.config.hidden_dropout_prob = 0.1
+    assert fast.fast_line_of_code(loc, x, c, weights, None) is None
+    loc.eval()  # dropout does not act in evaluation
+    assert fast.fast_line_of_code(loc, x, c, weights, None) is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fast.fast_line_of_code(loc, x, c, weights, None) is None
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert fast.fast_line_of_code(loc, x, c, weights, None) is None
+
+
+def test_fast_line_of_code_refuses_gradients_of_gradients(tester):
+    loc, x, c, codes = _loc_and_inputs(tester, shared_input=False)
+    loc.config._attn_implementation = "fast"
+    x.requires_grad_()
+    streams, _ = loc(x, c, loc.function_weights(codes))
+    with pytest.raises(RuntimeError, match="attn_implementation='eager' or 'sdpa'"):
+        torch.autograd.grad(streams.square().sum(), x, create_graph=True)

@@ -14,6 +14,7 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterModel,
+    input_checks,
     modeling_neural_interpreter,
 )
 from ni_hf.modeling_neural_interpreter import RelativePositionalBias, patchify
@@ -1055,7 +1056,7 @@ def test_input_embeddings_can_be_replaced(tester):
 
 def test_a_routing_that_accepts_no_token_warns_once_and_gives_no_nan(tester, monkeypatch):
     warnings = []
-    monkeypatch.setattr(modeling_neural_interpreter.logger, "warning_once", warnings.append)
+    monkeypatch.setattr(input_checks.logger, "warning_once", warnings.append)
     config = tester.get_config()
     model = NeuralInterpreterForImageClassification(config).eval()
     pixels = torch.randn(2, config.num_patches, config.patch_dim)

@@ -24,10 +24,12 @@ from .modeling_multitask_vit import (
 )
 from .modeling_neural_interpreter import (
     ALL_ATTENTION_FUNCTIONS,
+    ALL_LINE_OF_CODE_FUNCTIONS,
     NeuralInterpreterAttentionInterface,
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterImageClassifierOutput,
+    NeuralInterpreterLineOfCodeInterface,
     NeuralInterpreterModel,
     NeuralInterpreterModelOutput,
     NeuralInterpreterPreTrainedModel,
@@ -81,7 +83,9 @@ MultiTaskViTForImageClassification.register_for_auto_class("AutoModelForImageCla
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "ALL_LINE_OF_CODE_FUNCTIONS",
     "NeuralInterpreterAttentionInterface",
+    "NeuralInterpreterLineOfCodeInterface",
     "MULTITASK_VIT_PRESETS",
     "PAPER_PRESETS",
     "MultiTaskViTConfig",

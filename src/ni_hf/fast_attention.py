@@ -1,17 +1,21 @@
-"""The "fast" implementation of Eq. 6: the same function as `sdpa_attention`, faster on a CPU.
+"""The "fast" implementation: the same functions as the reference LOC with "sdpa", faster on a CPU.
 
-Registered with `NeuralInterpreterAttentionInterface` when `ni_hf` is imported; the modeling file never imports
-this module, so a checkpoint's copied code runs without it (on "sdpa"). On a CPU, without attention dropout and
-outside a compiler, it computes Eq. 6 as A @ [C_uj v_j, C_uj] (see `sdpa_attention`) with two custom autograd
-Functions that keep only their inputs and redo the N x N softmax in the backward instead of keeping it:
+Registered under attn_implementation="fast" when `ni_hf` is imported; the modeling file never imports this module,
+so a checkpoint's copied code runs without it (on "sdpa"). On a CPU, outside compilers, tracers and autocast and
+without dropout in training, `fast_line_of_code` runs a whole LOC through custom autograd Functions that keep only
+their inputs for the backward and redo cheap work there instead of keeping it:
 
-- `BilinearAttention`, for a LOC whose every function reads the same set h (the first LOC of an iteration): the
-  logits q_i . k_j = h_i W_q,uh^T W_k,uh h_j^T are formed as (h A_uh) . h with A_uh = W_q,uh^T W_k,uh (d x d),
-  one GEMM for all functions and heads instead of the q and k projections and U * H small products, where that
-  saves FLOPs (`bilinear_attention_pays`);
-- `AttentionWithRecompute` elsewhere: softmax(q k^T) @ columns, the weights recomputed from q and k in the backward.
+- Eq. 6 as A @ [C_uj v_j, C_uj] (see `sdpa_attention`), the N x N softmax redone in the backward:
+  `BilinearAttention` for a LOC whose every function reads the same set h (the first LOC of an iteration) forms
+  the logits q_i . k_j = h_i W_q,uh^T W_k,uh h_j^T as (h A_uh) . h with A_uh = W_q,uh^T W_k,uh (d x d), one GEMM
+  for all functions and heads instead of the q and k projections, where that saves FLOPs
+  (`bilinear_attention_pays`); `AttentionWithRecompute` elsewhere;
+- `AttentionOutput`: x + C_ui ModLin(Eq. 6) from those columns, Eq. 6's normalisation redone in the backward;
+- `NormModLin`: the MLP's first ModLin on LayerNorm(a), keeping a and its statistics;
+- `GatedGeluModLin`: a + C_ui ModLin(GELU(hidden)), keeping hidden.
 
-Everywhere else (accelerators, attention dropout, torch.compile, export) it is `sdpa_attention`. Both Functions are
+Their per-function products run one GEMM per function (`function_linear`). Elsewhere the LOC runs its own code,
+with `fast_attention` (Eq. 6 alone, the two attention Functions on a CPU) or `sdpa_attention`. Every Function is
 first order: gradients of gradients need attn_implementation="eager" or "sdpa".
 """
 
@@ -24,6 +28,7 @@ from .modeling_neural_interpreter import (
     FunctionWeights,
     LineOfCode,
     NeuralInterpreterAttentionInterface,
+    NeuralInterpreterLineOfCodeInterface,
     merge_heads,
     normalise_columns,
     sdpa_attention,
@@ -182,13 +187,12 @@ class BilinearAttention(torch.autograd.Function):
         )
         del probs
         grad_bias = grad_logits.sum(0) if position_bias is not None and ctx.needs_input_grad[5] else None
-        grad_logits = grad_logits.permute(0, 3, 1, 2, 4).reshape(
-            b, -1, n
-        )  # back to the rows (i, u, h) of h A
-        grad_mixed = (grad_logits @ hidden).view(b, n, -1)
-        grad_hidden = grad_logits.transpose(1, 2) @ mixed.view(b, -1, d) + grad_mixed @ bilinear
+        grad_logits = grad_logits.permute(0, 3, 1, 2, 4).flatten(1, 3)  # back to the rows (i, u, h) of h A
+        grad_mixed = torch.bmm(grad_logits, hidden).view(b * n, -1)
+        grad_hidden = torch.bmm(grad_logits.transpose(1, 2), mixed.view(b, -1, d))
+        grad_hidden.view(b * n, d).addmm_(grad_mixed, bilinear)
         flat_hidden = hidden.reshape(b * n, d)
-        grad_bilinear = grad_mixed.reshape(b * n, -1).t() @ flat_hidden
+        grad_bilinear = grad_mixed.t() @ flat_hidden
         grad_value, grad_c_key = _columns_backward(grad_columns, value, c_key)
         grad_value = grad_value.permute(0, 3, 1, 2, 4).reshape(b * n, -1)
         grad_hidden = grad_hidden + (grad_value @ value_weight).view(b, n, d)
@@ -197,19 +201,16 @@ class BilinearAttention(torch.autograd.Function):
         return grad_hidden, grad_bilinear, grad_value_weight, grad_value_bias, grad_c_key, grad_bias, None
 
 
-def fast_attention(
+def _attention_columns(
     module: LineOfCode,
     hidden: torch.Tensor,
     weights: FunctionWeights,
     compatibilities: torch.Tensor,
     position_bias: torch.Tensor | None,
-    dropout: float = 0.0,
-) -> tuple[torch.Tensor, None]:
-    """Eq. 6 as `sdpa_attention` computes it, through `BilinearAttention` or `AttentionWithRecompute` on a CPU."""
-    if hidden.device.type != "cpu" or dropout > 0 or torch.compiler.is_compiling():
-        return sdpa_attention(module, hidden, weights, compatibilities, position_bias, dropout)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A @ [C_uj v_j, C_uj] (B, U, H, N, d_v + 1) and C_uj (B, U, 1, N, 1), through one of the two Functions."""
     scale = module.scaling
-    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
+    c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]
     bias = None if position_bias is None else (position_bias * scale).to(hidden.dtype)
     head_size = module.config.attention_head_size
     if hidden.dim() == 3 and bilinear_attention_pays(
@@ -227,7 +228,260 @@ def fast_attention(
     else:
         query, key, value = (module.heads(hidden, weights, name) for name in ("query", "key", "value"))
         out = AttentionWithRecompute.apply(query, key, value, c_key, bias, scale)
-    return merge_heads(normalise_columns(out, c_key, module.config.attention_eps)), None
+    return out, c_key
+
+
+def fast_attention(
+    module: LineOfCode,
+    hidden: torch.Tensor,
+    weights: FunctionWeights,
+    compatibilities: torch.Tensor,
+    position_bias: torch.Tensor | None,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, None]:
+    """Eq. 6 as `sdpa_attention` computes it, through `BilinearAttention` or `AttentionWithRecompute` on a CPU."""
+    if hidden.device.type != "cpu" or dropout > 0 or torch.compiler.is_compiling():
+        return sdpa_attention(module, hidden, weights, compatibilities, position_bias, dropout)
+    columns, c_key = _attention_columns(module, hidden, weights, compatibilities, position_bias)
+    return merge_heads(normalise_columns(columns, c_key, module.config.attention_eps)), None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The rest of the LOC: gated ModLins that keep only their inputs
+# ----------------------------------------------------------------------------------------------------------
+
+
+def function_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x_u W_u^T + b (U, M, out) from x (U, M, in), W (U, out, in), one GEMM per function.
+
+    A CPU's batched GEMM gives each thread whole matrices (5 functions on 2 threads: 3 rounds, the last on one
+    thread); one GEMM per function keeps every thread on each.
+    """
+    out = x.new_empty(x.shape[0], x.shape[1], weight.shape[1])
+    for u in range(x.shape[0]):
+        if bias is None:
+            torch.mm(x[u], weight[u].t(), out=out[u])
+        else:
+            torch.addmm(bias, x[u], weight[u].t(), out=out[u])
+    return out
+
+
+def function_matmul(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """g_u W_u (U, M, in) from g (U, M, out) and W (U, out, in), one GEMM per function."""
+    out = grad.new_empty(grad.shape[0], grad.shape[1], weight.shape[2])
+    for u in range(grad.shape[0]):
+        torch.mm(grad[u], weight[u], out=out[u])
+    return out
+
+
+def _gated_linear_backward(
+    grad: torch.Tensor,
+    inputs: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gate: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Backward of r + gate * (x W_u^T + b) for x, W, b and the gate, without the product x W_u^T + b.
+
+    dL/dgate = g . (x W_u^T + b) = (g W_u) . x + g . b reuses g W_u, which dL/dx needs anyway.
+    """
+    u, rows = gate.shape[0], gate[0].numel()
+    grad = grad.reshape(u, rows, -1)
+    flat_inputs = inputs.reshape(u, rows, -1)
+    flat_gate = gate.reshape(u, rows, 1)
+    grad_times_weight = function_matmul(grad, weight)
+    grad_gate = (grad_times_weight * flat_inputs).sum(-1, keepdim=True)
+    if bias is not None:
+        grad_gate += grad @ bias.unsqueeze(-1)
+    gated = grad * flat_gate
+    grad_weight = torch.bmm(gated.transpose(1, 2), flat_inputs)
+    grad_bias = None if bias is None else gated.sum((0, 1))
+    grad_inputs = grad_times_weight.mul_(flat_gate).view_as(inputs)
+    return grad_inputs, grad_weight, grad_bias, grad_gate.view_as(gate)
+
+
+def _normalised_merged(columns: torch.Tensor, c_query: torch.Tensor, eps: float) -> torch.Tensor:
+    """`merge_heads(normalise_columns(columns, c_query, eps))` (U, B, N, H * d_v), written in one pass."""
+    b, u, h, n, _ = columns.shape
+    numerator, total = columns.split([columns.shape[-1] - 1, 1], dim=-1)
+    ratio = c_query / (eps + c_query * total).clamp_min(1e-30)
+    merged = columns.new_empty(u, b, n, h * numerator.shape[-1])
+    torch.mul(numerator, ratio, out=merged.view(u, b, n, h, -1).permute(1, 0, 3, 2, 4))
+    return merged
+
+
+def _normalise_columns_backward(
+    grad: torch.Tensor, columns: torch.Tensor, c_query: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of `normalise_columns`: (dL/dcolumns, dL/dC_ui summed over the heads).
+
+    With D = max(eps + C T, 1e-30) and r = C / D: d(num r)/dnum = r, d/dT = -num C^2 / D^2, d/dC = num eps / D^2
+    (0 where the clamp acts).
+    """
+    numerator, total = columns.split([columns.shape[-1] - 1, 1], dim=-1)
+    denominator = eps + c_query * total
+    unclamped = denominator >= 1e-30
+    inverse = 1.0 / denominator.clamp_min(1e-30)
+    grad_numerator = grad * (c_query * inverse)
+    along = (grad * numerator).sum(-1, keepdim=True) * inverse * inverse * unclamped
+    grad_total = -along * c_query * c_query
+    grad_c_query = (along * eps).sum(2, keepdim=True)
+    return torch.cat([grad_numerator, grad_total], dim=-1), grad_c_query
+
+
+class AttentionOutput(torch.autograd.Function):
+    """x + gate * ModLin(Eq. 6; c_u) from the attention's A @ [C_uj v_j, C_uj], keeping those columns only."""
+
+    @staticmethod
+    def forward(ctx, x, columns, c_query, eps, weight, bias, gate):
+        attended = _normalised_merged(columns, c_query, eps)
+        u, b, n, d = attended.shape
+        y = function_linear(attended.view(u, -1, d), weight, bias).view(u, b, n, -1)
+        del attended
+        ctx.eps = eps
+        ctx.shared_input = x.dim() == 3
+        ctx.save_for_backward(columns, c_query, weight, bias, gate)
+        return torch.addcmul(x, y, gate, out=y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _refuse_double_backward()
+        columns, c_query, weight, bias, gate = ctx.saved_tensors
+        attended = _normalised_merged(columns, c_query, ctx.eps)
+        grad_attended, grad_weight, grad_bias, grad_gate = _gated_linear_backward(
+            grad, attended, weight, bias, gate
+        )
+        del attended
+        b, u, h, n, _ = columns.shape
+        grad_attended = grad_attended.view(u, b, n, h, -1).permute(1, 0, 3, 2, 4)
+        grad_columns, grad_c_query = _normalise_columns_backward(grad_attended, columns, c_query, ctx.eps)
+        grad_x = grad.sum(0) if ctx.shared_input else grad
+        return grad_x, grad_columns, grad_c_query, None, grad_weight, grad_bias, grad_gate
+
+
+class NormModLin(torch.autograd.Function):
+    """ModLin(LayerNorm(a); c_u) for every function, keeping a and its statistics, not LayerNorm(a)."""
+
+    @staticmethod
+    def forward(ctx, a, norm_weight, norm_bias, norm_eps, weight, bias):
+        normed, mean, rstd = torch.native_layer_norm(a, a.shape[-1:], norm_weight, norm_bias, norm_eps)
+        u, b, n, d = a.shape
+        y = function_linear(normed.view(u, -1, d), weight, bias).view(u, b, n, -1)
+        ctx.save_for_backward(a, mean, rstd, norm_weight, norm_bias, weight, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        _refuse_double_backward()
+        a, mean, rstd, norm_weight, norm_bias, weight, bias = ctx.saved_tensors
+        u = a.shape[0]
+        normed = (a - mean).mul_(rstd)
+        if norm_weight is not None:
+            normed.mul_(norm_weight)
+        if norm_bias is not None:
+            normed.add_(norm_bias)
+        grad = grad.reshape(u, -1, grad.shape[-1])
+        grad_weight = torch.bmm(grad.transpose(1, 2), normed.view(u, -1, a.shape[-1]))
+        del normed
+        grad_bias = None if bias is None else grad.sum((0, 1))
+        grad_normed = function_matmul(grad, weight).view_as(a)
+        grad_a, grad_norm_weight, grad_norm_bias = torch.ops.aten.native_layer_norm_backward(
+            grad_normed, a, a.shape[-1:], mean, rstd, norm_weight, norm_bias, list(ctx.needs_input_grad[:3])
+        )
+        return grad_a, grad_norm_weight, grad_norm_bias, None, grad_weight, grad_bias
+
+
+class GatedGeluModLin(torch.autograd.Function):
+    """a + gate * ModLin(GELU(hidden); c_u): the MLP's second layer, keeping hidden, not GELU(hidden) or the product."""
+
+    @staticmethod
+    def forward(ctx, a, hidden, weight, bias, gate):
+        u, b, n, d = hidden.shape
+        y = function_linear(F.gelu(hidden).view(u, -1, d), weight, bias).view(u, b, n, -1)
+        ctx.save_for_backward(hidden, weight, bias, gate)
+        return torch.addcmul(a, y, gate, out=y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _refuse_double_backward()
+        hidden, weight, bias, gate = ctx.saved_tensors
+        grad_gelu, grad_weight, grad_bias, grad_gate = _gated_linear_backward(
+            grad, F.gelu(hidden), weight, bias, gate
+        )
+        grad_hidden = torch.ops.aten.gelu_backward(grad_gelu, hidden)
+        return grad, grad_hidden, grad_weight, grad_bias, grad_gate
+
+
+def _lean_line_of_code_applies(module: LineOfCode, x: torch.Tensor) -> bool:
+    """CPU, outside compilers, tracers and autocast, without dropout in training."""
+    dropout = module.config.hidden_dropout_prob > 0 or module.config.attention_probs_dropout_prob > 0
+    return (
+        x.device.type == "cpu"
+        and not (module.training and dropout)
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+CHUNK_NUMBERS = 1 << 23
+"""`fast_line_of_code` runs a batch in chunks whose largest tensor has at most this many numbers (32 MiB in float32),
+so that its tensors come from the allocator's heap (glibc maps anything larger afresh, page by page, at every
+allocation) and more of them stay in the CPU's caches."""
+
+
+def _batch_chunks(x: torch.Tensor, compatibilities: torch.Tensor, module: LineOfCode) -> list[slice]:
+    """Slices of the batch: chunks of at most `CHUNK_NUMBERS` numbers in h A, the N x N softmax and the streams."""
+    u, b, n = compatibilities.shape
+    per_sample = n * u * max(module.num_heads * x.shape[-1], module.num_heads * n, x.shape[-1])
+    size = max(1, CHUNK_NUMBERS // per_sample)
+    return [slice(start, start + size) for start in range(0, b, size)]
+
+
+def fast_line_of_code(
+    module: LineOfCode,
+    x: torch.Tensor,
+    compatibilities: torch.Tensor,
+    weights: FunctionWeights,
+    position_bias: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """`LineOfCode.forward`'s streams (U, B, N, d) through Functions that keep only their inputs; None elsewhere.
+
+    Every sample is independent in a LOC, so the batch runs in chunks (`CHUNK_NUMBERS`); the gradients of the
+    weights add up over the chunks.
+    """
+    if not _lean_line_of_code_applies(module, x):
+        return None
+    chunks = _batch_chunks(x, compatibilities, module)
+    if len(chunks) == 1:
+        return _lean_line_of_code(module, x, compatibilities, weights, position_bias)
+    return torch.cat(
+        [
+            _lean_line_of_code(module, x[..., s, :, :], compatibilities[:, s], weights, position_bias)
+            for s in chunks
+        ],
+        dim=1,
+    )
+
+
+def _lean_line_of_code(
+    module: LineOfCode,
+    x: torch.Tensor,
+    compatibilities: torch.Tensor,
+    weights: FunctionWeights,
+    position_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """One chunk of `fast_line_of_code`."""
+    columns, c_key = _attention_columns(
+        module, module.attention_norm(x), weights, compatibilities, position_bias
+    )
+    gate = compatibilities.unsqueeze(-1)
+    eps = module.config.attention_eps
+    a = AttentionOutput.apply(x, columns, c_key, eps, weights["output"], module.output.bias, gate)
+    norm = module.mlp_norm
+    hidden = NormModLin.apply(a, norm.weight, norm.bias, norm.eps, weights["fc1"], module.mlp.fc1.bias)
+    return GatedGeluModLin.apply(a, hidden, weights["fc2"], module.mlp.fc2.bias, gate)
 
 
 NeuralInterpreterAttentionInterface.register("fast", fast_attention)
+NeuralInterpreterLineOfCodeInterface.register("fast", fast_line_of_code)

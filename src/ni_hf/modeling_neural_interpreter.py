@@ -7,13 +7,13 @@ Reading order follows the data: ModLin and ModMLP (Eq. 5), the relative position
 Every function u of a script runs on every token, so the U function streams live in one tensor (U, B, N, d), and
 what depends on a function alone (its code-modulated weights, its positional bias) is computed from the U codes
 once per forward, never per token. Eq. 6 is looked up by name in `ALL_ATTENTION_FUNCTIONS` (the model's
-`attn_implementation`); faster implementations register there from outside this file (`fast_attention.py`).
+`attn_implementation`); faster implementations register there, or for a whole LOC in
+`ALL_LINE_OF_CODE_FUNCTIONS`, from outside this file (`fast_attention.py`).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +30,7 @@ from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import GeneralInterface
 
 from .configuration_neural_interpreter import NeuralInterpreterConfig, validate_task_names
+from .input_checks import check_forward, check_not_empty, check_tensor, index_list
 
 logger = logging.get_logger(__name__)
 
@@ -273,6 +274,19 @@ class NeuralInterpreterAttentionInterface(GeneralInterface):
 
 ALL_ATTENTION_FUNCTIONS = NeuralInterpreterAttentionInterface()
 
+
+class NeuralInterpreterLineOfCodeInterface(GeneralInterface):
+    """Whole-LOC implementations by name, for kernels that fuse Eq. 6 with the ModLins after it.
+
+    A function (module, x, C, weights, position_bias) -> streams, or None where it does not apply; then the LOC
+    runs its own code with the attention function of the same name.
+    """
+
+    _global_mapping: dict[str, Callable[..., torch.Tensor | None]] = {}
+
+
+ALL_LINE_OF_CODE_FUNCTIONS = NeuralInterpreterLineOfCodeInterface()
+
 # Implementations that ni_hf registers from outside this file: a checkpoint's copied code runs without them.
 OPTIONAL_IMPLEMENTATIONS = ("fast",)
 
@@ -343,6 +357,12 @@ class LineOfCode(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, N, d) read by every function, or (U, B, N, d); C (U, B, N) -> streams (U, B, N, d), and W or None."""
         implementation = attention_implementation(self.config._attn_implementation, x.device)
+        if implementation in ALL_LINE_OF_CODE_FUNCTIONS and not output_attentions:
+            streams = ALL_LINE_OF_CODE_FUNCTIONS[implementation](
+                self, x, compatibilities, weights, position_bias
+            )
+            if streams is not None:
+                return streams, None
         # Only the literal form forms W; asked for it, this call runs it.
         attention = eager_attention if output_attentions else ALL_ATTENTION_FUNCTIONS[implementation]
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
@@ -644,14 +664,14 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             )
         c = self.config
         if inputs_embeds is not None:
-            _check_tensor("inputs_embeds", inputs_embeds, "a set of embedding vectors")
+            check_tensor("inputs_embeds", inputs_embeds, "a set of embedding vectors")
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != c.hidden_size:
                 raise ValueError(
                     f"`inputs_embeds` must have shape (batch, set_size, {c.hidden_size}), got {tuple(inputs_embeds.shape)}."
                 )
-            _check_not_empty(inputs_embeds.shape[0])
+            check_not_empty(inputs_embeds.shape[0])
             return inputs_embeds.to(self.task_tokens.dtype), False
-        _check_tensor(
+        check_tensor(
             "pixel_values",
             pixel_values,
             "pixels normalized to about [-1, 1], as NeuralInterpreterImageProcessor gives them; raw 0-255 images go "
@@ -669,7 +689,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 f"`pixel_values` must be images (batch, {c.num_channels}, {c.image_size}, {c.image_size}) or patches "
                 f"(batch, {c.num_patches}, {c.patch_dim}), got {tuple(pixel_values.shape)}."
             )
-        _check_not_empty(pixel_values.shape[0])
+        check_not_empty(pixel_values.shape[0])
         pixel_values = pixel_values.to(self.patch_embedding.weight.dtype)
         return self.patch_embedding(pixel_values), True
 
@@ -692,7 +712,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             )
         masks = []
         for s in range(num_scripts):
-            disabled = _index_list(per_script.get(s, []), "disabled_functions")
+            disabled = index_list(per_script.get(s, []), "disabled_functions")
             if any(not 0 <= u < self.config.num_functions for u in disabled):
                 raise ValueError(
                     f"`disabled_functions` must index functions 0..{self.config.num_functions - 1}, got {disabled}."
@@ -710,7 +730,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             iterations = iterations.item()
         if isinstance(iterations, int) and not isinstance(iterations, bool):
             iterations = [iterations] * c.num_scripts
-        iterations = _index_list(iterations, "num_function_iterations")
+        iterations = index_list(iterations, "num_function_iterations")
         if len(iterations) != c.num_scripts or any(k < 0 for k in iterations):
             raise ValueError(
                 f"`num_function_iterations` must be a non-negative int or one per script ({c.num_scripts}), got {iterations}."
@@ -804,7 +824,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 "inputs_embeds": inputs_embeds,
                 "loc_position_embeddings": loc_position_embeddings,
             }
-            _check_forward(self, inputs, {"last_hidden_state": hidden}, self.routing_peak)
+            check_forward(self, inputs, {"last_hidden_state": hidden}, self.routing_peak)
         pooled = hidden[:, :num_prefix]
         if not return_dict:
             outputs = (hidden, pooled, all_hidden, all_attentions, all_compat, all_types)
@@ -820,94 +840,8 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Input checks and losses
+# Losses and heads
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _check_not_empty(batch_size: int) -> None:
-    if batch_size == 0:
-        raise ValueError("Got an empty batch (0 samples); pass at least one image or set.")
-
-
-def _check_tensor(name: str, values: Any, expected: str) -> None:
-    """Refuse anything but a floating-point tensor: a cast would run raw uint8 pixels as garbage."""
-    if not isinstance(values, torch.Tensor):
-        raise ValueError(
-            f"`{name}` must be a torch.Tensor ({expected}), got {type(values).__name__}; convert it with "
-            "torch.as_tensor, or pass images through the image processor with return_tensors='pt'."
-        )
-    if not values.is_floating_point():
-        raise ValueError(f"`{name}` must be a floating-point tensor ({expected}), got dtype {values.dtype}.")
-
-
-def _check_forward(
-    module: nn.Module,
-    inputs: dict[str, torch.Tensor | None],
-    outputs: dict[str, torch.Tensor],
-    routing_peak: torch.Tensor | None = None,
-) -> None:
-    """Raise, naming the tensor, on NaN or inf in an input or output; warn once when no function accepts any token.
-
-    One host sync for all of it; skipped while compiling or tracing.
-    """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return
-    checked = {
-        name: t
-        for name, t in {**inputs, **outputs}.items()
-        if isinstance(t, torch.Tensor) and t.is_floating_point()
-    }
-    device = next(iter(outputs.values())).device
-    if device.type == "meta":  # shapes only (e.g. under accelerate's init_empty_weights): no values to check
-        return
-    flags = [torch.isfinite(t).all().to(device) for t in checked.values()]
-    if routing_peak is not None:
-        flags.append(routing_peak.to(device) > 0)
-    if bool(torch.stack(flags).all()):
-        return
-    if routing_peak is not None and not bool(routing_peak > 0):
-        logger.warning_once(
-            "No function accepted any token in this forward pass (every compatibility C is 0): the model's output "
-            "ignores its input. truncation_tau or sigma is too small for these types; raise them, or check that "
-            "no function is disabled by mistake."
-        )
-    for name in inputs:
-        if name in checked and not bool(torch.isfinite(checked[name]).all()):
-            raise ValueError(f"`{name}` contains NaN or infinite values: expected finite numbers.")
-    broken_outputs = [n for n in outputs if not bool(torch.isfinite(checked[n]).all())]
-    if not broken_outputs:
-        return
-    broken = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
-    if broken:
-        cause = (
-            f"the parameters {broken[:3]}{' ...' if len(broken) > 3 else ''} are already NaN or inf (a diverged "
-            "training run: lower the learning rate, or reload a checkpoint)"
-        )
-    else:
-        magnitudes = [float(t.abs().max()) for n, t in checked.items() if n in inputs and t.numel()]
-        largest = f" (largest magnitude {max(magnitudes):.3g})" if magnitudes else ""
-        cause = (
-            f"the inputs{largest} overflow {next(module.parameters()).dtype} inside the network: normalize them "
-            "(NeuralInterpreterImageProcessor does) or use a wider dtype"
-        )
-    raise FloatingPointError(
-        f"The forward pass produced NaN or infinite values in `{broken_outputs[0]}`: {cause}."
-    )
-
-
-def _index_list(values: Any, name: str) -> list[int]:
-    """Integers from a list, tuple, array or tensor of them; a ValueError naming `name` for anything else."""
-    if isinstance(values, torch.Tensor) or hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, int) and not isinstance(values, bool):
-        return [values]
-    if not isinstance(values, (list, tuple)) or any(
-        not isinstance(v, numbers.Integral) or isinstance(v, bool) for v in values
-    ):
-        raise ValueError(
-            f"`{name}` must be integers (a list, tuple, array or tensor of them), got {values!r}."
-        )
-    return [int(v) for v in values]
 
 
 def classification_loss(
@@ -1112,7 +1046,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             logits = all_logits[samples, task_ids]
         labels = None if labels is None else torch.as_tensor(labels)
         if self.checks_finite:
-            _check_forward(
+            check_forward(
                 self,
                 {"pixel_values": pixel_values, "labels": labels},
                 {"logits": logits},
@@ -1185,7 +1119,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         r"""Predictions (B, T) from inputs (B, num_input_variables); MSE loss against labels (B, T)."""
         c = self.config
         return_dict = c.return_dict if return_dict is None else return_dict
-        _check_tensor("inputs", inputs, "the input variables' values")
+        check_tensor("inputs", inputs, "the input variables' values")
         if inputs.dim() != 2 or inputs.shape[1] != c.num_input_variables:
             raise ValueError(
                 f"`inputs` must have shape (batch, {c.num_input_variables}), got {tuple(inputs.shape)}."
@@ -1206,7 +1140,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         )
         predictions = self.regressor(outputs.pooler_output).squeeze(-1)  # (B, T)
         if self.checks_finite:
-            _check_forward(
+            check_forward(
                 self,
                 {"inputs": inputs, "labels": labels},
                 {"predictions": predictions},
