@@ -270,9 +270,8 @@ def test_checkpoint_holds_code_and_auto_map(checkpoint):
         "AutoModel": "modeling_multitask_vit.MultiTaskViTModel",
         "AutoModelForImageClassification": "modeling_multitask_vit.MultiTaskViTForImageClassification",
     }
-    assert (path / "modeling_multitask_vit.py").is_file() and (
-        path / "configuration_multitask_vit.py"
-    ).is_file()
+    for name in ("modeling_multitask_vit.py", "configuration_multitask_vit.py", "input_checks.py"):
+        assert (path / name).is_file(), name
     assert (path / "model.safetensors").is_file()
 
 

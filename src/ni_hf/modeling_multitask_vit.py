@@ -21,6 +21,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClass
 from transformers.models.vit.modeling_vit import ViTLayer, ViTPatchEmbeddings
 
 from .configuration_multitask_vit import MultiTaskViTConfig, _validate_task_names
+from .input_checks import check_forward
 
 
 class MultiTaskViTEmbeddings(nn.Module):
@@ -195,45 +196,13 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
             if output_hidden_states:
                 all_hidden += (hidden,)
         if self.checks_finite:
-            _check_finite(self, {"pixel_values": pixel_values}, {"last_hidden_state": hidden})
+            check_forward(self, {"pixel_values": pixel_values}, {"last_hidden_state": hidden})
         pooled = hidden[:, : c.num_tasks]
         if not return_dict:
             return tuple(v for v in (hidden, pooled, all_hidden) if v is not None)
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden
         )
-
-
-def _check_finite(
-    module: nn.Module, inputs: dict[str, torch.Tensor | None], outputs: dict[str, torch.Tensor]
-) -> None:
-    """Raise, naming the tensor, if an input or an output holds NaN or inf (one host sync; skipped when compiling)."""
-    # The Neural Interpreter's check, repeated so that a checkpoint's code needs no NI module.
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return
-    checked = {
-        n: t
-        for n, t in {**inputs, **outputs}.items()
-        if isinstance(t, torch.Tensor) and t.is_floating_point()
-    }
-    device = next(iter(outputs.values())).device
-    if device.type == "meta":  # shapes only (e.g. under accelerate's init_empty_weights): no values to check
-        return
-    if bool(torch.stack([torch.isfinite(t).all().to(device) for t in checked.values()]).all()):
-        return
-    for name in inputs:
-        if name in checked and not bool(torch.isfinite(checked[name]).all()):
-            raise ValueError(f"`{name}` contains NaN or infinite values: expected finite numbers.")
-    name = next(n for n in outputs if not bool(torch.isfinite(checked[n]).all()))
-    broken = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
-    cause = (
-        f"the parameters {broken[:3]}{' ...' if len(broken) > 3 else ''} are already NaN or inf (a diverged "
-        "training run: lower the learning rate, or reload a checkpoint)"
-        if broken
-        else f"the inputs overflow {next(module.parameters()).dtype} inside the network: normalize them "
-        "(NeuralInterpreterImageProcessor does) or use a wider dtype"
-    )
-    raise FloatingPointError(f"The forward pass produced NaN or infinite values in `{name}`: {cause}.")
 
 
 def _resolve_task_ids(
@@ -340,7 +309,7 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         if labels is not None:
             labels = torch.as_tensor(labels, device=logits.device)
         if self.checks_finite:
-            _check_finite(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
+            check_forward(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
         if labels is not None:
             if labels.shape[0] != logits.shape[0]:
                 raise ValueError(
