@@ -8,7 +8,7 @@ which function takes which patch at which iteration update at once.
     python demo/app.py --model CKPT_OR_HUB_ID --port 7860
     NI_DEMO_MODEL=CKPT python demo/app.py   # the same through the environment (as a Space would set it)
 
-Runs on a CPU. Without --model / NI_DEMO_MODEL it uses runs/sklearn-digits (the README's quickstart command) if
+Runs on a CPU. Without --model / NI_DEMO_MODEL it uses runs/quickstart (the README's quickstart command) if
 present, else runs/demo-quickstart, which it trains on first start (demo/quickstart.py, a few minutes on 2 cores).
 """
 
@@ -36,7 +36,7 @@ from ni_hf import visualization as vis  # noqa: E402
 sys.path.insert(0, str(HERE))
 from quickstart import train_quickstart_model  # noqa: E402
 
-README_QUICKSTART = ROOT / "runs" / "sklearn-digits"
+README_QUICKSTART = ROOT / "runs" / "quickstart"
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:

@@ -66,7 +66,7 @@ ARCHITECTURES = {
 DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "id2label", "label2id")
 QUICKSTART_CONFIG = (
     "hidden_size=64,code_dim=64,attention_head_size=32,type_inference_hidden_size=64,patch_size=8,"
-    "num_function_iterations=4,num_functions=4,hidden_dropout_prob=0.1"
+    "num_function_iterations=3,num_functions=4"
 )
 # Each preset is command-line flags put before the user's, so that a flag given explicitly wins.
 PRESETS: dict[str, list[str]] = {
@@ -74,7 +74,7 @@ PRESETS: dict[str, list[str]] = {
     "quickstart": [
         "--dataset_source", "sklearn", "--config_overrides", QUICKSTART_CONFIG, "--num_train_epochs", "30",
         "--per_device_train_batch_size", "64", "--learning_rate", "3e-3", "--adam_beta2", "0.99",
-        "--randaugment_num_ops", "1", "--randaugment_magnitude", "5", "--save_strategy", "no",
+        "--randaugment_num_ops", "1", "--randaugment_magnitude", "5", "--save_strategy", "no", "--eval_strategy", "no",
         "--randaugment_operations", "rotate", "shear_x", "shear_y", "translate_x", "translate_y",
     ],
 }  # fmt: skip

@@ -3,7 +3,7 @@
 A checkpoint (local folder or Hub id) and images (files) or a digits dataset split in; PNG files and a JSON of the
 numbers out. Every number comes from the model's own forward pass (`ni_hf.visualization.trace_routing`).
 
-    python examples/visualize_routing.py --model runs/sklearn-digits --dataset sklearn_digits --dataset_source sklearn \
+    python examples/visualize_routing.py --model runs/quickstart --dataset sklearn_digits --dataset_source sklearn \
         --output_dir runs/routing
     python examples/visualize_routing.py --model CKPT --images a.png b.png --task mnist --output_dir out --attention
 

@@ -89,6 +89,14 @@ def test_demo_shows_the_models_prediction_and_path(tmp_path):
     assert full_summary.endswith("after 2 of 2 function iterations; functions off: none")
 
 
+def test_the_demo_finds_the_model_of_the_readme_command():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    output_dir = re.search(r"run_digits\.py --preset quickstart --output_dir (\S+)", readme).group(1)
+    assert app.README_QUICKSTART == ROOT / output_dir
+
+
 def test_model_resolution(tmp_path, monkeypatch):
     monkeypatch.setenv("NI_DEMO_MODEL", "some/hub-id")
     assert app.resolve_model("local/ckpt") == ("local/ckpt", "Model: `local/ckpt`.")

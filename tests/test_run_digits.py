@@ -184,11 +184,11 @@ def logged_losses(output_dir: Path) -> dict[int, float]:
 README_QUICKSTART = [
     "--dataset_source", "sklearn", "--config_overrides",
     "hidden_size=64,code_dim=64,attention_head_size=32,type_inference_hidden_size=64,patch_size=8,"
-    "num_function_iterations=4,num_functions=4,hidden_dropout_prob=0.1",
+    "num_function_iterations=3,num_functions=4",
     "--num_train_epochs", "30", "--per_device_train_batch_size", "64", "--learning_rate", "3e-3",
     "--adam_beta2", "0.99", "--randaugment_num_ops", "1", "--randaugment_magnitude", "5",
     "--randaugment_operations", "rotate", "shear_x", "shear_y", "translate_x", "translate_y",
-    "--save_strategy", "no",
+    "--save_strategy", "no", "--eval_strategy", "no",
 ]  # fmt: skip
 
 
