@@ -75,6 +75,7 @@ PRESETS: dict[str, list[str]] = {
         "--dataset_source", "sklearn", "--config_overrides", QUICKSTART_CONFIG, "--num_train_epochs", "30",
         "--per_device_train_batch_size", "64", "--learning_rate", "3e-3", "--adam_beta2", "0.99",
         "--randaugment_num_ops", "1", "--randaugment_magnitude", "5", "--save_strategy", "no", "--eval_strategy", "no",
+        "--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true",
         "--randaugment_operations", "rotate", "shear_x", "shear_y", "translate_x", "translate_y",
     ],
 }  # fmt: skip

@@ -189,6 +189,7 @@ README_QUICKSTART = [
     "--adam_beta2", "0.99", "--randaugment_num_ops", "1", "--randaugment_magnitude", "5",
     "--randaugment_operations", "rotate", "shear_x", "shear_y", "translate_x", "translate_y",
     "--save_strategy", "no", "--eval_strategy", "no",
+    "--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true",
 ]  # fmt: skip
 
 
