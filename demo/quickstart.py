@@ -1,4 +1,4 @@
-"""The README's quickstart Neural Interpreter (4 functions, 4 function iterations) trained on scikit-learn's digits.
+"""A Neural Interpreter of the README quickstart's width (4 functions, 4 function iterations) on scikit-learn's digits.
 
 A short plain-PyTorch loop with the quickstart's settings (AdamW 3e-3, betas (0.9, 0.99), batch 64, 30 epochs,
 linear decay), used when no trained checkpoint is at hand: by the demo and by examples/make_readme_figure.py.
