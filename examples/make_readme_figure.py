@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 python examples/make_readme_figure.py
 
-Uses --model (default runs/demo-quickstart, trained first by demo/quickstart.py when absent: the README's quickstart
-config on scikit-learn's digits, a few minutes on 2 cores; `--model runs/quickstart` takes the model of the
+Uses --model (default runs/demo-quickstart, trained first by demo/quickstart.py when absent: the README quickstart's
+width on scikit-learn's digits, a few minutes on 2 cores; `--model runs/quickstart` takes the model of the
 README's run_digits.py command instead) and the 360 test digits of scikit-learn's split. Writes to docs/images/:
 computational_path.png (test image --index), type_space.png (types of the first 64 test images, PCA),
 function_usage.png (all 360, by true class) and attention.png (Eq. 6's weights of function 1, head 0, for the first

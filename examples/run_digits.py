@@ -233,6 +233,10 @@ class DigitsTrainingArguments(TrainingArguments):
 
     def __post_init__(self) -> None:
         apply_gpu_loading_defaults(self)  # before transformers turns accelerator_config into its own class
+        if (
+            self.dataloader_num_workers == 0
+        ):  # no worker to keep (the quickstart preset asks for one, kept alive)
+            self.dataloader_persistent_workers = False
         super().__post_init__()
 
 

@@ -248,6 +248,8 @@ def test_the_quickstart_preset_is_the_readme_command_and_every_flag_overrides_it
     )
     assert args["num_train_epochs"] == 5 and args["learning_rate"] == 3e-3 and args["save_strategy"] == "no"
     assert data_args.randaugment_operations == ["rotate"] and data_args.dataset_source == "sklearn"
+    _, _, args = parsed("--preset", "quickstart", "--dataloader_num_workers", "0")
+    assert args["dataloader_num_workers"] == 0 and not args["dataloader_persistent_workers"]
     model_args, _, _ = parsed("--preset=quickstart", "--config_overrides", "hidden_size=32")
     assert model_args.config_overrides == "hidden_size=32"
     with pytest.raises(ValueError, match="--preset 'fast'"):
