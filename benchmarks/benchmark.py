@@ -49,7 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import ni_hf
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
-from ni_hf.modeling_neural_interpreter import patchify
+from ni_hf.models.neural_interpreter.modeling_neural_interpreter import patchify
 
 MODEL_KEYS = ("ni", "ni-eager", "ni-sdpa", "vit", "authors")
 DEFAULT_MODELS = ("ni", "ni-eager", "vit")

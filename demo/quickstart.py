@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import ni_hf
-from ni_hf.digits_data import SKLEARN_TASK, load_digits_tasks
+from ni_hf.data.digits import SKLEARN_TASK, load_digits_tasks
 
 QUICKSTART_OVERRIDES = dict(
     hidden_size=64,

@@ -25,7 +25,7 @@ from ni_hf import NeuralInterpreterImageProcessor
 
 logger = logging.getLogger(__name__)
 
-LOCK_NAME = "_run.lock"  # "_*" files stay local when the folder is pushed (ni_hf.publishing)
+LOCK_NAME = "_run.lock"  # "_*" files stay local when the folder is pushed (ni_hf.training.publishing)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 
 import ni_hf
 from ni_hf import visualization as vis
-from ni_hf.digits_data import SKLEARN_TASK, load_task_split
+from ni_hf.data.digits import SKLEARN_TASK, load_task_split
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,10 +37,8 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.augmentation import OPERATION_NAMES, BatchRandAugment, select_operations
-from ni_hf.configuration_neural_interpreter import PAPER_PRESETS
-from ni_hf.data_transfer import apply_gpu_loading_defaults, compile_for_static_batches
-from ni_hf.digits_data import (
+from ni_hf.data.augmentation import OPERATION_NAMES, BatchRandAugment, select_operations
+from ni_hf.data.digits import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
     LOCAL_FOLDER_NAMES,
@@ -51,14 +49,16 @@ from ni_hf.digits_data import (
     load_digits_tasks,
     resolve_dataset_source,
 )
-from ni_hf.evaluation import CopiedPredictionsMixin, load_multitask_accuracy, make_compute_metrics
-from ni_hf.model_card import digits_task_info, write_digits_model_card
-from ni_hf.paths import check_model_path
-from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
+from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PAPER_PRESETS
+from ni_hf.training.data_transfer import apply_gpu_loading_defaults, compile_for_static_batches
+from ni_hf.training.evaluation import CopiedPredictionsMixin, load_multitask_accuracy, make_compute_metrics
+from ni_hf.training.model_card import DEFAULT_DIGITS_TEMPLATE, digits_task_info, write_digits_model_card
+from ni_hf.training.paths import check_model_path
+from ni_hf.training.publishing import explain_push_failure, push_folder, reconstruct_command
 
 logger = logging.getLogger(__name__)
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "digits_template.md"
+TEMPLATE = DEFAULT_DIGITS_TEMPLATE
 ARCHITECTURES = {
     "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForImageClassification),
     "vit": (MultiTaskViTConfig, MultiTaskViTForImageClassification),

@@ -59,23 +59,23 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.data_transfer import (
-    DATALOADER_WORKERS_HELP,
-    PIN_MEMORY_HELP,
-    STATIC_BATCHES_NOTE,
-    apply_gpu_loading_defaults,
-    compile_for_static_batches,
-)
-from ni_hf.digits_data import (
+from ni_hf.data.digits import (
     SKLEARN_TASK,
     SOURCES,
     canonical_task_name,
     load_task_split,
     resolve_dataset_source,
 )
-from ni_hf.evaluation import CopiedPredictionsMixin, compute_multitask_accuracy
-from ni_hf.model_card import mixed_precision
-from ni_hf.paths import check_model_path
+from ni_hf.training.data_transfer import (
+    DATALOADER_WORKERS_HELP,
+    PIN_MEMORY_HELP,
+    STATIC_BATCHES_NOTE,
+    apply_gpu_loading_defaults,
+    compile_for_static_batches,
+)
+from ni_hf.training.evaluation import CopiedPredictionsMixin, compute_multitask_accuracy
+from ni_hf.training.model_card import mixed_precision
+from ni_hf.training.paths import check_model_path
 
 logger = logging.getLogger(__name__)
 

@@ -62,12 +62,21 @@ except ImportError:  # running from a checkout without `pip install -e .`
     import ni_hf
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
-from ni_hf.data_transfer import PIN_MEMORY_HELP, apply_gpu_loading_defaults, compile_for_static_batches
-from ni_hf.evaluation import CopiedPredictionsMixin, routing_density
-from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
-from ni_hf.model_card import build_fuzzy_boolean_model_card, describe_hardware, mixed_precision
-from ni_hf.paths import check_model_path
-from ni_hf.publishing import explain_push_failure, push_folder, reconstruct_command
+from ni_hf.data.fuzzy_boolean import make_fuzzy_boolean_tensors
+from ni_hf.training.data_transfer import (
+    PIN_MEMORY_HELP,
+    apply_gpu_loading_defaults,
+    compile_for_static_batches,
+)
+from ni_hf.training.evaluation import CopiedPredictionsMixin, routing_density
+from ni_hf.training.model_card import (
+    DEFAULT_FUZZY_BOOLEAN_TEMPLATE,
+    build_fuzzy_boolean_model_card,
+    describe_hardware,
+    mixed_precision,
+)
+from ni_hf.training.paths import check_model_path
+from ni_hf.training.publishing import explain_push_failure, push_folder, reconstruct_command
 
 logger = logging.getLogger("run_fuzzy_boolean")
 
@@ -122,7 +131,7 @@ RESULTS_JSON = "fuzzy_boolean_results.json"
 RESULTS_MD = "fuzzy_boolean_results.md"
 DENSITY_POINTS = 4096
 """Test points on which each model's routing density is measured."""
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "fuzzy_boolean_template.md"
+DEFAULT_TEMPLATE = DEFAULT_FUZZY_BOOLEAN_TEMPLATE
 ROUTING_POINTS = 256
 """Held-out test points on which the model card shows each saved model's function usage."""
 

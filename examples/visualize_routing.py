@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 import ni_hf
 from ni_hf import visualization as vis
-from ni_hf.digits_data import load_task_split
+from ni_hf.data.digits import load_task_split
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--images", nargs="+", help="image files")
     source.add_argument("--dataset", help="a digits task (mnist, mnistm, svhn, sklearn_digits, ...)")
     parser.add_argument(
-        "--dataset_source", default="sklearn", help="hub, local or sklearn (ni_hf.digits_data)"
+        "--dataset_source", default="sklearn", help="hub, local or sklearn (ni_hf.data.digits)"
     )
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--split", default="test")

@@ -1,4 +1,4 @@
-"""ni_hf.augmentation against PIL, called as timm's auto_augment.py calls it (tiny random uint8 images)."""
+"""ni_hf.data.augmentation against PIL, called as timm's auto_augment.py calls it (tiny random uint8 images)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image, ImageEnhance, ImageOps
 
-from ni_hf import augmentation as aug
-from ni_hf.augmentation import TIMM_RANDAUGMENT_POLICY, BatchRandAugment
-from ni_hf.image_processing_neural_interpreter import patchify
+from ni_hf.data import augmentation as aug
+from ni_hf.data.augmentation import TIMM_RANDAUGMENT_POLICY, BatchRandAugment
+from ni_hf.models.neural_interpreter.image_processing_neural_interpreter import patchify
 
 FILL = (128, 128, 128)
 

@@ -12,10 +12,12 @@ import PIL.Image
 import pytest
 from datasets import ClassLabel, Dataset, Features, Image
 
-from ni_hf.configuration_multitask_vit import MultiTaskViTConfig
-from ni_hf.configuration_neural_interpreter import NeuralInterpreterConfig
-from ni_hf.digits_data import DIGIT_CLASS_NAMES, load_digits_tasks
-from ni_hf.image_processing_neural_interpreter import NeuralInterpreterImageProcessor
+from ni_hf.data.digits import DIGIT_CLASS_NAMES, load_digits_tasks
+from ni_hf.models.multitask_vit.configuration_multitask_vit import MultiTaskViTConfig
+from ni_hf.models.neural_interpreter.configuration_neural_interpreter import NeuralInterpreterConfig
+from ni_hf.models.neural_interpreter.image_processing_neural_interpreter import (
+    NeuralInterpreterImageProcessor,
+)
 
 RGB = np.zeros((32, 32, 3), np.uint8)
 

@@ -17,9 +17,13 @@ from PIL import Image
 from transformers import AutoConfig, AutoModelForImageClassification, pipeline
 
 import ni_hf
-from ni_hf import configuration_multitask_vit
-from ni_hf.configuration_multitask_vit import MultiTaskViTConfig
-from ni_hf.configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterConfig, validate_task_names
+from ni_hf.models.multitask_vit import configuration_multitask_vit
+from ni_hf.models.multitask_vit.configuration_multitask_vit import MultiTaskViTConfig
+from ni_hf.models.neural_interpreter.configuration_neural_interpreter import (
+    PAPER_PRESETS,
+    NeuralInterpreterConfig,
+    validate_task_names,
+)
 
 TASKS = ["a", "b", "c"]
 NI_SETTINGS = dict(
@@ -575,6 +579,6 @@ def test_num_labels_set_to_zero_in_place_is_refused_by_validate(config_class):
 
 def test_both_configs_know_the_same_transformers_keys():
     """The ViT config module keeps a copy (it may not import the Neural Interpreter's)."""
-    from ni_hf.configuration_neural_interpreter import PRETRAINED_CONFIG_KEYS
+    from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PRETRAINED_CONFIG_KEYS
 
     assert configuration_multitask_vit._PRETRAINED_CONFIG_KEYS == PRETRAINED_CONFIG_KEYS

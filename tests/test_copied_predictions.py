@@ -12,7 +12,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from ni_hf.evaluation import CopiedPredictionsMixin
+from ni_hf.training.evaluation import CopiedPredictionsMixin
 
 
 class StaticOutputModel(torch.nn.Module):

@@ -11,8 +11,8 @@ import pytest
 import torch
 from _scripts import load_script
 
-from ni_hf import data_transfer
-from ni_hf.data_transfer import batch_transfer_note, default_non_blocking_copies
+from ni_hf.training import data_transfer
+from ni_hf.training.data_transfer import batch_transfer_note, default_non_blocking_copies
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = {

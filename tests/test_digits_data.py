@@ -11,7 +11,7 @@ import pytest
 from datasets import ClassLabel, Dataset, Features, Image
 from PIL import Image as PILImage
 
-from ni_hf.digits_data import (
+from ni_hf.data.digits import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
     LOCAL_FOLDER_NAMES,
@@ -281,7 +281,7 @@ def test_shared_data_if_present() -> None:
 
 def test_hub_loading_path_with_fake_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hub source (no network): right repo/config/split per task, SVHN per-split files, column cleanup."""
-    import ni_hf.digits_data as digits_data
+    import ni_hf.data.digits as digits_data
 
     calls = []
 
@@ -393,7 +393,7 @@ def test_bad_images_in_image_folders_are_named_or_skipped(
         load_digits_tasks(["kmnist"], source="local", data_dir=root)
     assert str(garbage) in str(caught.value) and str(truncated) in str(caught.value)
     assert "skip_bad_images=True" in str(caught.value) and "--skip_bad_images" in str(caught.value)
-    with caplog.at_level("WARNING", logger="ni_hf.digits_data"):
+    with caplog.at_level("WARNING", logger="ni_hf.data.digits"):
         dd, _ = load_digits_tasks(["kmnist"], source="local", data_dir=root, skip_bad_images=True)
     assert dd["train"].num_rows == 6 and sorted(dd["train"]["label"][:]) == [1, 1, 1, 2, 2, 2]
     assert "Skipped 2 of the 8 images" in caplog.text and str(truncated) in caplog.text
@@ -416,7 +416,7 @@ def test_bad_images_in_parquet_files_are_named_by_file_and_row(tmp_path: Path, c
         ValueError, match=rf"(?s)1 of the 6 images.*{re.escape(str(path))} \(row 4\): not an image"
     ):
         load_digits_tasks(["mnist"], source="local", data_dir=root)
-    with caplog.at_level("WARNING", logger="ni_hf.digits_data"):
+    with caplog.at_level("WARNING", logger="ni_hf.data.digits"):
         dd, _ = load_digits_tasks(["mnist"], source="local", data_dir=root, skip_bad_images=True, seed=1)
     assert sorted(dd["train"]["label"][:]) == [0, 1, 2, 3, 5]
     assert f"{path} (row 4)" in caplog.text
@@ -436,7 +436,7 @@ def test_bad_image_rows_are_named_by_their_file_row_after_sampling(tmp_path: Pat
         for row, image in enumerate(table.column("image").to_pylist())
     ]
     pq.write_table(table.set_column(0, "image", pa_array(images, table.schema.field("image").type)), path)
-    with caplog.at_level("WARNING", logger="ni_hf.digits_data"):
+    with caplog.at_level("WARNING", logger="ni_hf.data.digits"):
         dd, _ = load_digits_tasks(
             ["mnist"], source="local", data_dir=root, max_train_samples=10, skip_bad_images=True
         )

@@ -9,9 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ni_hf.fast_attention as fast
+import ni_hf.kernels.fast_line_of_code as fast
 from ni_hf import ALL_ATTENTION_FUNCTIONS, NeuralInterpreterForImageClassification, NeuralInterpreterModel
-from ni_hf.modeling_neural_interpreter import ALL_LINE_OF_CODE_FUNCTIONS, eager_attention
+from ni_hf.models.neural_interpreter.modeling_neural_interpreter import (
+    ALL_LINE_OF_CODE_FUNCTIONS,
+    eager_attention,
+)
 
 IMPLEMENTATIONS = sorted(name for name in ALL_ATTENTION_FUNCTIONS if name != "eager")
 

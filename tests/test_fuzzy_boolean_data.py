@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from ni_hf import fuzzy_boolean
-from ni_hf.fuzzy_boolean import (
+from ni_hf.data import fuzzy_boolean
+from ni_hf.data.fuzzy_boolean import (
     FuzzyBooleanFunction,
     evaluate_truth_tables,
     fuzzy_and,

@@ -18,8 +18,8 @@ import torch
 from transformers import AutoImageProcessor, BatchFeature
 from transformers.utils import is_torchvision_available
 
-from ni_hf.configuration_neural_interpreter import NeuralInterpreterConfig
-from ni_hf.image_processing_neural_interpreter import (
+from ni_hf.models.neural_interpreter.configuration_neural_interpreter import NeuralInterpreterConfig
+from ni_hf.models.neural_interpreter.image_processing_neural_interpreter import (
     NeuralInterpreterImageProcessor,
     NeuralInterpreterImageProcessorTorchvision,
     patchify,
@@ -406,7 +406,7 @@ def test_sixteen_bit_values_are_flagged(processor: NeuralInterpreterImageProcess
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging
 
-    logger = logging.get_logger("ni_hf.image_processing_neural_interpreter")
+    logger = logging.get_logger("ni_hf.models.neural_interpreter.image_processing_neural_interpreter")
     logger.warning_once.cache_clear()  # the other backend's run may have said it already
     with CaptureLogger(logger) as captured:
         processor(images=np.full((32, 32), 60000, dtype=np.uint16), return_tensors="np")

@@ -17,7 +17,7 @@ from ni_hf import (
     input_checks,
     modeling_neural_interpreter,
 )
-from ni_hf.modeling_neural_interpreter import RelativePositionalBias, patchify
+from ni_hf.models.neural_interpreter.modeling_neural_interpreter import RelativePositionalBias, patchify
 
 # --- shapes for every input kind ------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ def test_a_single_image_costs_the_digits_presets_forward_flops_of_an_image_in_a_
 
 def test_a_compiled_accelerator_runs_the_literal_formulation(monkeypatch):
     """The workaround for inductor's CUDA miscompile of the value-column form of Eq. 6 (2026-11-27, H200)."""
-    import ni_hf.modeling_neural_interpreter as modeling
+    import ni_hf.models.neural_interpreter.modeling_neural_interpreter as modeling
 
     choose = modeling.attention_implementation
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -405,8 +405,8 @@ def test_code_modulations_are_formed_once_per_forward_not_per_function_iteration
     """W diag(LayerNorm(W_c c_u)) of every ModLin, and the fast path's A_uh, are the same in every function
     iteration: formed once per forward (one per ModLin, one A per script's first LOC), however many iterations
     run. The same model with every iteration forming its own gives the same loss and gradients."""
-    import ni_hf.fast_attention as fast
-    import ni_hf.modeling_neural_interpreter as modeling
+    import ni_hf.kernels.fast_line_of_code as fast
+    import ni_hf.models.neural_interpreter.modeling_neural_interpreter as modeling
 
     overrides = {"hidden_size": 8, "attention_head_size": 8} if bilinear else {}
     config = tester.get_config(num_function_iterations=[3, 2], **overrides)
@@ -741,8 +741,8 @@ def test_bf16_autocast_forward_and_backward_give_float32_gradients_close_to_floa
 
 
 def test_routing_density_counts_the_routed_pairs(tester):
-    """`ni_hf.evaluation.routing_density`: 1 with tau near 2 (distances lie in [0, 2]), 0 with tau = 0, else the count."""
-    from ni_hf.evaluation import routing_density
+    """`ni_hf.training.evaluation.routing_density`: 1 with tau near 2 (distances lie in [0, 2]), 0 with tau = 0, else the count."""
+    from ni_hf.training.evaluation import routing_density
 
     inputs = tester.prepare_inputs(tester.get_config())["pixel_values"]
     batches = [{"pixel_values": inputs[:2]}, {"pixel_values": inputs[2:]}]  # unequal batches weigh by pairs
@@ -765,7 +765,7 @@ def test_routing_density_counts_the_routed_pairs(tester):
 
 def test_routing_density_restores_the_callers_training_mode(tester):
     """`routing_density` counts in eval mode, then hands the model back in the mode it came in (even on error)."""
-    from ni_hf.evaluation import routing_density
+    from ni_hf.training.evaluation import routing_density
 
     inputs = tester.prepare_inputs(tester.get_config())["pixel_values"]
     model = NeuralInterpreterModel(tester.get_config())

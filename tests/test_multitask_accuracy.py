@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ni_hf.evaluation import (
+from ni_hf.training.evaluation import (
     MULTITASK_ACCURACY_DIR,
     compute_multitask_accuracy,
     load_multitask_accuracy,
@@ -194,7 +194,7 @@ def test_make_compute_metrics_maps_the_models_task_ids_to_the_datas() -> None:
 def test_non_integer_predictions_are_refused_not_truncated() -> None:
     import pytest
 
-    from ni_hf.evaluation import compute_multitask_accuracy
+    from ni_hf.training.evaluation import compute_multitask_accuracy
 
     with pytest.raises(ValueError, match="predictions must be integer"):
         compute_multitask_accuracy([1.7, 0], [1, 0], [0, 0])

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageClassification,
 
 import ni_hf
 from ni_hf import MultiTaskViTConfig, MultiTaskViTForImageClassification, MultiTaskViTModel
-from ni_hf.image_processing_neural_interpreter import patchify
+from ni_hf.models.neural_interpreter.image_processing_neural_interpreter import patchify
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

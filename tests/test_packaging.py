@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from importlib.metadata import PackageNotFoundError, metadata
 from pathlib import Path
@@ -41,3 +42,60 @@ def test_requires_python_admits_no_python_that_an_installed_dependency_refuses()
     assert not refused, (
         f"requires-python admits Python {oldest}, which these installed dependencies refuse: {refused}"
     )
+
+
+def test_the_built_wheel_holds_everything_the_package_reads_at_run_time(tmp_path: Path) -> None:
+    """Build the wheel, install it alone into a folder, and run the README's quickstart code and a model card from
+    there, in a process that cannot see the repository: the model files of every folder, the ViT's shared input
+    checks, the card templates and the metric module must all be in the wheel."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, repo],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("ni_hf-*.whl")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, wheel],
+        check=True,
+        capture_output=True,
+    )
+    readme = (repo / "README.md").read_text()
+    quickstart = readme.split("\n## Quickstart\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    check = """
+import ni_hf.training.model_card as cards
+from ni_hf import MultiTaskViTConfig, MultiTaskViTForImageClassification
+from ni_hf.training.evaluation import load_multitask_accuracy
+assert ni_hf.__file__.startswith(SITE), ni_hf.__file__
+assert cards.DEFAULT_DIGITS_TEMPLATE.is_file() and cards.DEFAULT_FUZZY_BOOLEAN_TEMPLATE.is_file()
+task = cards.digits_task_info("sklearn_digits", "sklearn", None, 1437, 360, {"eval_sklearn_digits/accuracy": 0.9})
+card = cards.build_digits_model_card(model_name="wheel-test", tasks=[task], config=config, config_summary={}, hyperparameters={})
+assert "# wheel-test" in str(card) and "1437" in str(card), str(card)[:2000]
+vit = MultiTaskViTForImageClassification(MultiTaskViTConfig(hidden_size=8, num_hidden_layers=1,
+    num_attention_heads=2, intermediate_size=8, image_size=8, patch_size=4))
+vit.save_pretrained("vit")
+import os; assert os.path.isfile("vit/input_checks.py") and not os.path.islink("vit/input_checks.py")
+load_multitask_accuracy()
+print("WHEEL_OK")
+"""
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(site),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", f"SITE = {str(site)!r}\n" + quickstart + check],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WHEEL_OK" in proc.stdout

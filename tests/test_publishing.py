@@ -1,4 +1,4 @@
-"""ni_hf.publishing: what an upload sends (checkpoints stay local), and the message when it cannot."""
+"""ni_hf.training.publishing: what an upload sends (checkpoints stay local), and the message when it cannot."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import pytest
 from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils import filter_repo_objects
 
-from ni_hf.publishing import UPLOAD_IGNORE_PATTERNS, explain_push_failure, push_folder, reconstruct_command
+from ni_hf.training.publishing import (
+    UPLOAD_IGNORE_PATTERNS,
+    explain_push_failure,
+    push_folder,
+    reconstruct_command,
+)
 
 RUN_FILES = [
     "README.md",

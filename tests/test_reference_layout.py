@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ni_hf import ALL_ATTENTION_FUNCTIONS, NeuralInterpreterConfig, NeuralInterpreterForSetRegression
-from ni_hf.fast_attention import bilinear_attention_pays
+from ni_hf.kernels.fast_line_of_code import bilinear_attention_pays
 
 
 def _ln(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, eps: float) -> torch.Tensor:

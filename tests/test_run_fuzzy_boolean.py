@@ -19,7 +19,7 @@ import torch
 from _scripts import load_script, torchrun_command
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
-from ni_hf.fuzzy_boolean import make_fuzzy_boolean_tensors
+from ni_hf.data.fuzzy_boolean import make_fuzzy_boolean_tensors
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "run_fuzzy_boolean.py"
 SETTINGS = ("cls_tokens", "type_inference", "all")

@@ -36,7 +36,7 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterModel,
 )
-from ni_hf.image_processing_neural_interpreter import (
+from ni_hf.models.neural_interpreter.image_processing_neural_interpreter import (
     NeuralInterpreterImageProcessor,
     NeuralInterpreterImageProcessorTorchvision,
 )

@@ -241,7 +241,9 @@ def test_attention_data_on_rejected_tokens():
 
 
 def test_patch_inputs_are_drawn_as_images(model, pixels):
-    patches = torch.from_numpy(ni_hf.image_processing_neural_interpreter.patchify(pixels.numpy(), 8))
+    patches = torch.from_numpy(
+        ni_hf.models.neural_interpreter.image_processing_neural_interpreter.patchify(pixels.numpy(), 8)
+    )
     from_patches = vis.trace_routing(model, patches, TASK_IDS)
     from_images = vis.trace_routing(model, pixels, TASK_IDS)
     np.testing.assert_allclose(from_patches.images, from_images.images, atol=1e-6)

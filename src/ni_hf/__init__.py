@@ -10,19 +10,23 @@ from transformers import (
     AutoModelForImageClassification,
 )
 
-from . import fast_attention  # noqa: F401  (registers attn_implementation="fast")
-from .configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
-from .configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterConfig, vit_baseline_config
-from .image_processing_neural_interpreter import (
-    NeuralInterpreterImageProcessor,
-    NeuralInterpreterImageProcessorTorchvision,
-)
-from .modeling_multitask_vit import (
+from .kernels import fast_line_of_code  # noqa: F401  (registers attn_implementation="fast")
+from .models.multitask_vit.configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
+from .models.multitask_vit.modeling_multitask_vit import (
     MultiTaskViTForImageClassification,
     MultiTaskViTModel,
     MultiTaskViTPreTrainedModel,
 )
-from .modeling_neural_interpreter import (
+from .models.neural_interpreter.configuration_neural_interpreter import (
+    PAPER_PRESETS,
+    NeuralInterpreterConfig,
+    vit_baseline_config,
+)
+from .models.neural_interpreter.image_processing_neural_interpreter import (
+    NeuralInterpreterImageProcessor,
+    NeuralInterpreterImageProcessorTorchvision,
+)
+from .models.neural_interpreter.modeling_neural_interpreter import (
     ALL_ATTENTION_FUNCTIONS,
     ALL_LINE_OF_CODE_FUNCTIONS,
     NeuralInterpreterAttentionInterface,

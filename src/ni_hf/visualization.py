@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .image_processing_neural_interpreter import unpatchify
+from .models.neural_interpreter.image_processing_neural_interpreter import unpatchify
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

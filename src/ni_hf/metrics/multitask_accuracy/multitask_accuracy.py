@@ -3,9 +3,9 @@
 This file is an ``evaluate`` metric script. ``evaluate.load`` copies it into its
 module cache (``$HF_HOME/modules/evaluate_modules`` by default), so it must stay
 self-contained: it imports nothing from ``ni_hf``. The same computation is
-available without ``evaluate`` as ``ni_hf.evaluation.compute_multitask_accuracy``.
+available without ``evaluate`` as ``ni_hf.training.evaluation.compute_multitask_accuracy``.
 
-Load it offline with ``ni_hf.evaluation.load_multitask_accuracy()`` or with
+Load it offline with ``ni_hf.training.evaluation.load_multitask_accuracy()`` or with
 ``evaluate.load("<path to this folder>")``.
 
 Distributed evaluation: when used from a ``transformers.Trainer``

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .modeling_neural_interpreter import (
+from ..models.neural_interpreter.modeling_neural_interpreter import (
     FunctionWeights,
     LineOfCode,
     NeuralInterpreterAttentionInterface,

@@ -75,7 +75,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from .image_processing_neural_interpreter import patchify, unpatchify
+from ..models.neural_interpreter.image_processing_neural_interpreter import patchify, unpatchify
 
 __all__ = [
     "OPERATION_NAMES",

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-METRICS_DIR = Path(__file__).resolve().parent / "metrics"
+METRICS_DIR = Path(__file__).resolve().parents[1] / "metrics"
 MULTITASK_ACCURACY_DIR = METRICS_DIR / "multitask_accuracy"
 
 

@@ -1,7 +1,7 @@
 """Model cards for trained Neural Interpreters: Hub metadata (model-index) plus a Jinja template.
 
 :func:`build_digits_model_card` and :func:`build_fuzzy_boolean_model_card` render templates
-(``model_cards/*_template.md`` in the repository) with :meth:`huggingface_hub.ModelCard.from_template`. The
+(``ni_hf/training/model_cards/*_template.md``) with :meth:`huggingface_hub.ModelCard.from_template`. The
 measured numbers go into the card's YAML header as ``model-index`` results (one
 :class:`huggingface_hub.EvalResult` per dataset, or per phase of the fuzzy-Boolean experiment), so the Hub shows
 them and ``huggingface_hub.ModelCard.load(path).data.eval_results`` reads them back.
@@ -36,11 +36,10 @@ __all__ = [
     "write_digits_model_card",
 ]
 
-# The template ships with the repository (not with the installed package): ``<repo>/model_cards/``.
-DEFAULT_DIGITS_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "digits_template.md"
-DEFAULT_FUZZY_BOOLEAN_TEMPLATE = (
-    Path(__file__).resolve().parents[2] / "model_cards" / "fuzzy_boolean_template.md"
-)
+# The templates ship with the package (the repository's top-level ``model_cards/`` links to this folder).
+TEMPLATES = Path(__file__).resolve().parent / "model_cards"
+DEFAULT_DIGITS_TEMPLATE = TEMPLATES / "digits_template.md"
+DEFAULT_FUZZY_BOOLEAN_TEMPLATE = TEMPLATES / "fuzzy_boolean_template.md"
 NI_CARD_TAGS = ("neural-interpreters", "image-classification", "multi-task", "digits", "ni_hf")
 VIT_CARD_TAGS = (
     "vit",
@@ -154,7 +153,7 @@ def digits_task_info(
     name: str, source: str, data_dir: str | None, n_train: int, n_eval: int, eval_metrics: Mapping[str, Any]
 ) -> TaskCardInfo:
     """What a digits card says about one dataset: where it came from, its sizes, its measured accuracy."""
-    from .digits_data import HUB_DATASETS
+    from ..data.digits import HUB_DATASETS
 
     spec = HUB_DATASETS.get(name)
     if source == "hub" and spec is not None:
@@ -276,7 +275,7 @@ def write_digits_model_card(
     """Write ``<output_dir>/README.md`` for a digits run of ``examples/run_digits.py``; return its path."""
     import transformers
 
-    from . import __version__
+    from .. import __version__
 
     config = model.config
     vit = config.model_type == "ni_multitask_vit"
@@ -351,8 +350,8 @@ def _template(template_path: str | os.PathLike | None, default: Path) -> Path:
     path = Path(template_path) if template_path is not None else default
     if not path.is_file():
         raise FileNotFoundError(
-            f"Model card template {path} not found; pass the path of model_cards/{default.name} from the ni_hf "
-            "repository."
+            f"Model card template {path} not found; expected a Jinja template such as {default} (the package's "
+            f"{default.name})."
         )
     return path
 

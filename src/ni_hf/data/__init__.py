@@ -1,0 +1,1 @@
+"""The experiments' data: digit datasets, fuzzy-Boolean functions, RandAugment, PGM puzzles."""

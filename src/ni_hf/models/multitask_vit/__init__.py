@@ -1,0 +1,16 @@
+"""The paper's multi-task ViT baseline: configuration and models (it reads the Neural Interpreter's processor)."""
+
+from .configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
+from .modeling_multitask_vit import (
+    MultiTaskViTForImageClassification,
+    MultiTaskViTModel,
+    MultiTaskViTPreTrainedModel,
+)
+
+__all__ = [
+    "MULTITASK_VIT_PRESETS",
+    "MultiTaskViTConfig",
+    "MultiTaskViTForImageClassification",
+    "MultiTaskViTModel",
+    "MultiTaskViTPreTrainedModel",
+]

@@ -1,0 +1,1 @@
+../neural_interpreter/input_checks.py
