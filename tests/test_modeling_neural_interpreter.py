@@ -14,9 +14,8 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterModel,
-    input_checks,
-    modeling_neural_interpreter,
 )
+from ni_hf.models.neural_interpreter import input_checks, modeling_neural_interpreter
 from ni_hf.models.neural_interpreter.modeling_neural_interpreter import RelativePositionalBias, patchify
 
 # --- shapes for every input kind ------------------------------------------------------------------
