@@ -266,4 +266,3 @@ def test_remote_code_loads_in_a_process_that_cannot_import_ni_hf(checkpoint, tmp
     proc = run_without_ni_hf(REMOTE_SCRIPT, path, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REMOTE_OK []" in proc.stdout
-    assert "attn_implementation='fast' is not registered in this process" in proc.stderr  # says what it runs

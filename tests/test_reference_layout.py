@@ -140,7 +140,7 @@ CONFIGS |= {
 
 
 def _model(name: str, implementation: str) -> NeuralInterpreterForSetRegression:
-    torch.manual_seed(0)
+    torch.manual_seed(1)
     if name.startswith("fuzzy_boolean_preset"):
         config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", **CONFIGS[name])
     else:

@@ -258,12 +258,6 @@ class NeuralInterpreterModelTest(ModelTesterMixin, unittest.TestCase):
     def test_inputs_embeds_matches_input_ids(self) -> None:
         pass
 
-    @unittest.skip(
-        reason="After `import ni_hf` the default is its 'fast' implementation, not 'sdpa' (tests/test_fast_attention.py)"
-    )
-    def test_sdpa_can_dispatch_non_composite_models(self) -> None:
-        pass
-
     def test_model_get_set_embeddings(self) -> None:
         """The mixin's test with a patch projection where it expects an `nn.Embedding` of tokens (as ViT's)."""
         config, _ = self.model_tester.prepare_config_and_inputs_for_common()

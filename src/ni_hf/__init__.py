@@ -28,12 +28,10 @@ from .models.neural_interpreter.image_processing_neural_interpreter import (
 )
 from .models.neural_interpreter.modeling_neural_interpreter import (
     ALL_ATTENTION_FUNCTIONS,
-    ALL_LINE_OF_CODE_FUNCTIONS,
     NeuralInterpreterAttentionInterface,
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterImageClassifierOutput,
-    NeuralInterpreterLineOfCodeInterface,
     NeuralInterpreterModel,
     NeuralInterpreterModelOutput,
     NeuralInterpreterPreTrainedModel,
@@ -87,9 +85,7 @@ MultiTaskViTForImageClassification.register_for_auto_class("AutoModelForImageCla
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
-    "ALL_LINE_OF_CODE_FUNCTIONS",
     "NeuralInterpreterAttentionInterface",
-    "NeuralInterpreterLineOfCodeInterface",
     "MULTITASK_VIT_PRESETS",
     "PAPER_PRESETS",
     "MultiTaskViTConfig",

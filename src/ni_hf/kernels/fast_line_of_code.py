@@ -1,8 +1,7 @@
-"""The "fast" implementation: the same functions as the reference LOC with "sdpa", faster on a CPU.
+"""attn_implementation="fast": the reference LOC's function, computed on a CPU by custom autograd Functions.
 
-Registered under attn_implementation="fast" when `ni_hf` is imported; the modeling file never imports this module,
-so a checkpoint's copied code runs without it (on "sdpa"). On a CPU, outside compilers, tracers and autocast and
-without dropout in training, `fast_line_of_code` runs a whole LOC through custom autograd Functions that keep only
+Registered in `ALL_ATTENTION_FUNCTIONS` when `ni_hf` is imported; the modeling file never imports this module, so a
+checkpoint's copied code runs without it. `fast_line_of_code` runs a whole LOC through Functions that keep only
 their inputs for the backward and redo cheap work there instead of keeping it:
 
 - Eq. 6 as A @ [C_uj v_j, C_uj] (see `sdpa_attention`), the N x N softmax redone in the backward:
@@ -14,9 +13,9 @@ their inputs for the backward and redo cheap work there instead of keeping it:
 - `NormModLin`: the MLP's first ModLin on LayerNorm(a), keeping a and its statistics;
 - `GatedGeluModLin`: a + C_ui ModLin(GELU(hidden)), keeping hidden.
 
-Their per-function products run one GEMM per function (`function_linear`). Elsewhere the LOC runs its own code,
-with `fast_attention` (Eq. 6 alone, the two attention Functions on a CPU) or `sdpa_attention`. Every Function is
-first order: gradients of gradients need attn_implementation="eager" or "sdpa".
+Their per-function products run one GEMM per function (`function_linear`). The Functions are CPU code of first
+order: `fast_line_of_code` refuses, naming what to use instead, another device, torch.compile or tracing, autocast,
+dropout in training, and gradients of gradients (attn_implementation="sdpa" computes the same function everywhere).
 """
 
 from __future__ import annotations
@@ -28,10 +27,6 @@ from ..models.neural_interpreter.modeling_neural_interpreter import (
     FunctionWeights,
     LineOfCode,
     NeuralInterpreterAttentionInterface,
-    NeuralInterpreterLineOfCodeInterface,
-    merge_heads,
-    normalise_columns,
-    sdpa_attention,
 )
 
 BILINEAR_SAVING_WEIGHT = 3
@@ -204,46 +199,32 @@ class BilinearAttention(torch.autograd.Function):
 def _attention_columns(
     module: LineOfCode,
     hidden: torch.Tensor,
-    weights: FunctionWeights,
+    function_weights: FunctionWeights,
     compatibilities: torch.Tensor,
-    position_bias: torch.Tensor | None,
+    attention_bias: torch.Tensor | None,
+    bilinear: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A @ [C_uj v_j, C_uj] (B, U, H, N, d_v + 1) and C_uj (B, U, 1, N, 1), through one of the two Functions."""
+    """A @ [C_uj v_j, C_uj] (B, U, H, N, d_v + 1) and C_uj (B, U, 1, N, 1): `BilinearAttention` when `bilinear`
+    ([A_uh^T], for a set h that every function reads) is given, else `AttentionWithRecompute`."""
     scale = module.scaling
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]
-    bias = None if position_bias is None else (position_bias * scale).to(hidden.dtype)
-    head_size = module.config.attention_head_size
-    if hidden.dim() == 3 and bilinear_attention_pays(
-        hidden.shape[-1], head_size, hidden.shape[1], hidden.shape[0]
-    ):
-        if "bilinear" not in weights:  # formed once per forward, for every function iteration
-            weights["bilinear"] = bilinear_weight(weights["query"] * scale, weights["key"], module.num_heads)
-        value_weight = weights["value"].flatten(0, 1)
+    bias = None if attention_bias is None else (attention_bias * scale).to(hidden.dtype)
+    if bilinear is not None:
+        value_weight = function_weights["value"].flatten(0, 1)
         value_bias = (
-            None if module.value.bias is None else module.value.bias.repeat(weights["value"].shape[0])
+            None
+            if module.value.bias is None
+            else module.value.bias.repeat(function_weights["value"].shape[0])
         )
         out = BilinearAttention.apply(
-            hidden, weights["bilinear"], value_weight, value_bias, c_key, bias, module.num_heads
+            hidden, bilinear, value_weight, value_bias, c_key, bias, module.num_heads
         )
     else:
-        query, key, value = (module.heads(hidden, weights, name) for name in ("query", "key", "value"))
+        query, key, value = (
+            module.project_heads(hidden, function_weights, name) for name in ("query", "key", "value")
+        )
         out = AttentionWithRecompute.apply(query, key, value, c_key, bias, scale)
     return out, c_key
-
-
-def fast_attention(
-    module: LineOfCode,
-    hidden: torch.Tensor,
-    weights: FunctionWeights,
-    compatibilities: torch.Tensor,
-    position_bias: torch.Tensor | None,
-    dropout: float = 0.0,
-) -> tuple[torch.Tensor, None]:
-    """Eq. 6 as `sdpa_attention` computes it, through `BilinearAttention` or `AttentionWithRecompute` on a CPU."""
-    if hidden.device.type != "cpu" or dropout > 0 or torch.compiler.is_compiling():
-        return sdpa_attention(module, hidden, weights, compatibilities, position_bias, dropout)
-    columns, c_key = _attention_columns(module, hidden, weights, compatibilities, position_bias)
-    return merge_heads(normalise_columns(columns, c_key, module.config.attention_eps)), None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -412,16 +393,23 @@ class GatedGeluModLin(torch.autograd.Function):
         return grad, grad_hidden, grad_weight, grad_bias, grad_gate
 
 
-def _lean_line_of_code_applies(module: LineOfCode, x: torch.Tensor) -> bool:
-    """CPU, outside compilers, tracers and autocast, without dropout in training."""
+def _check_applies(module: LineOfCode, x: torch.Tensor) -> None:
+    """Refuse, naming the alternative, what these CPU Functions do not compute."""
     dropout = module.config.hidden_dropout_prob > 0 or module.config.attention_probs_dropout_prob > 0
-    return (
-        x.device.type == "cpu"
-        and not (module.training and dropout)
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-        and not torch.is_autocast_enabled("cpu")
-    )
+    problem = None
+    if x.device.type != "cpu":
+        problem = f"runs on a CPU only, and the model is on {x.device.type}"
+    elif torch.compiler.is_compiling() or torch.jit.is_tracing():
+        problem = "is not traced by torch.compile, torch.export or torch.jit (custom autograd Functions)"
+    elif torch.is_autocast_enabled("cpu"):
+        problem = "computes in the parameters' dtype and does not run under autocast"
+    elif module.training and dropout and torch.is_grad_enabled():
+        problem = "has no dropout, and the config's hidden or attention dropout is above 0"
+    if problem is not None:
+        raise RuntimeError(
+            f'attn_implementation="fast" {problem}: use attn_implementation="sdpa", which computes the same '
+            'function (at load, or model.set_attn_implementation("sdpa")).'
+        )
 
 
 CHUNK_NUMBERS = 1 << 23
@@ -442,46 +430,51 @@ def fast_line_of_code(
     module: LineOfCode,
     x: torch.Tensor,
     compatibilities: torch.Tensor,
-    weights: FunctionWeights,
-    position_bias: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """`LineOfCode.forward`'s streams (U, B, N, d) through Functions that keep only their inputs; None elsewhere.
+    function_weights: FunctionWeights,
+    attention_bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, None]:
+    """`LineOfCode.forward`'s streams (U, B, N, d), through Functions that keep only their inputs.
 
     Every sample is independent in a LOC, so the batch runs in chunks (`CHUNK_NUMBERS`); the gradients of the
-    weights add up over the chunks.
+    weights add up over the chunks. A_uh, when the bilinear form pays, is formed once for all chunks.
     """
-    if not _lean_line_of_code_applies(module, x):
-        return None
+    _check_applies(module, x)
+    bilinear = None
+    if x.dim() == 3 and bilinear_attention_pays(
+        x.shape[-1], module.config.attention_head_size, x.shape[1], x.shape[0]
+    ):
+        scaled_query = function_weights["query"] * module.scaling
+        bilinear = bilinear_weight(scaled_query, function_weights["key"], module.num_heads)
     chunks = _batch_chunks(x, compatibilities, module)
-    if len(chunks) == 1:
-        return _lean_line_of_code(module, x, compatibilities, weights, position_bias)
-    return torch.cat(
-        [
-            _lean_line_of_code(module, x[..., s, :, :], compatibilities[:, s], weights, position_bias)
-            for s in chunks
-        ],
-        dim=1,
-    )
+    streams = [
+        _lean_line_of_code(
+            module, x[..., s, :, :], compatibilities[:, s], function_weights, attention_bias, bilinear
+        )
+        for s in chunks
+    ]
+    return (streams[0] if len(streams) == 1 else torch.cat(streams, dim=1)), None
 
 
 def _lean_line_of_code(
     module: LineOfCode,
     x: torch.Tensor,
     compatibilities: torch.Tensor,
-    weights: FunctionWeights,
-    position_bias: torch.Tensor | None,
+    function_weights: FunctionWeights,
+    attention_bias: torch.Tensor | None,
+    bilinear: torch.Tensor | None,
 ) -> torch.Tensor:
     """One chunk of `fast_line_of_code`."""
     columns, c_key = _attention_columns(
-        module, module.attention_norm(x), weights, compatibilities, position_bias
+        module, module.attention_norm(x), function_weights, compatibilities, attention_bias, bilinear
     )
     gate = compatibilities.unsqueeze(-1)
     eps = module.config.attention_eps
-    a = AttentionOutput.apply(x, columns, c_key, eps, weights["output"], module.output.bias, gate)
+    a = AttentionOutput.apply(x, columns, c_key, eps, function_weights["output"], module.output.bias, gate)
     norm = module.mlp_norm
-    hidden = NormModLin.apply(a, norm.weight, norm.bias, norm.eps, weights["fc1"], module.mlp.fc1.bias)
-    return GatedGeluModLin.apply(a, hidden, weights["fc2"], module.mlp.fc2.bias, gate)
+    hidden = NormModLin.apply(
+        a, norm.weight, norm.bias, norm.eps, function_weights["fc1"], module.mlp.fc1.bias
+    )
+    return GatedGeluModLin.apply(a, hidden, function_weights["fc2"], module.mlp.fc2.bias, gate)
 
 
-NeuralInterpreterAttentionInterface.register("fast", fast_attention)
-NeuralInterpreterLineOfCodeInterface.register("fast", fast_line_of_code)
+NeuralInterpreterAttentionInterface.register("fast", fast_line_of_code)

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 from transformers.models.vit.modeling_vit import ViTLayer, ViTPatchEmbeddings
+from transformers.utils.generic import can_return_tuple
 
 from .configuration_multitask_vit import MultiTaskViTConfig, _validate_task_names
 from .input_checks import check_forward
@@ -56,11 +57,16 @@ class MultiTaskViTEmbeddings(nn.Module):
         weight = projection.weight.permute(0, 2, 3, 1).reshape(c.hidden_size, c.patch_dim)
         return F.linear(pixel_values.to(weight.dtype), weight, projection.bias)
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, T + num_patches, d): the T task tokens first."""
-        patches = self.embed_patches(pixel_values) + self.position_embeddings
-        tokens = self.task_tokens.to(patches.dtype).unsqueeze(0).expand(patches.shape[0], -1, -1)
-        return self.dropout(torch.cat([tokens, patches], dim=1))
+    def forward(
+        self, pixel_values: torch.Tensor | None, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(B, T + N, d): the T task tokens first, then the patches with their positions, or a set as it is."""
+        if inputs_embeds is None:
+            elements = self.embed_patches(pixel_values) + self.position_embeddings
+        else:
+            elements = inputs_embeds.to(self.task_tokens.dtype)
+        tokens = self.task_tokens.to(elements.dtype).unsqueeze(0).expand(elements.shape[0], -1, -1)
+        return self.dropout(torch.cat([tokens, elements], dim=1))
 
 
 class MultiTaskViTHead(nn.Module):
@@ -84,8 +90,10 @@ class MultiTaskViTPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["MultiTaskViTEmbeddings", "ViTLayer"]
     _supports_sdpa = True
-    # Trainer must not assume the model averages the loss over processes itself (see HF-NOTES.md).
+    # Trainer must not assume the model averages the loss over processes itself.
     accepts_loss_kwargs = False
+    # Whether forward raises on NaN or inf (one host sync).
+    checks_finite = True
 
     def __init__(self, config: MultiTaskViTConfig, *inputs: Any, **kwargs: Any) -> None:
         # A config changed in place after construction (`config.task_names = []`) is checked here, not later.
@@ -125,8 +133,6 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         self.config = config
         self.embeddings = MultiTaskViTEmbeddings(config)
         self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
-        # Whether forward checks for NaN and inf (one host sync); False under a head, which checks its own tensors.
-        self.checks_finite = True
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -166,40 +172,52 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         )
         return list(range(old, old + len(names)))
 
+    @can_return_tuple
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> BaseModelOutputWithPooling | tuple:
-        r"""Run the layers on the task tokens and the patches.
+        inputs_embeds: torch.Tensor | None = None,
+        check_finite: bool | None = None,
+    ) -> BaseModelOutputWithPooling:
+        r"""Run the layers on the task tokens and the patches (or a set of vectors).
 
         Args:
             pixel_values: images (B, C, H, W) or patches (B, num_patches, patch_dim) from the image processor.
             output_hidden_states: return the tokens before the first and after every layer.
+            inputs_embeds: instead of pixel values, a set of vectors (B, N, d) used as it is (no positions added).
+            check_finite: check the inputs and the output for NaN and inf (default `self.checks_finite`); a head
+                passes False and checks them with its own, in one host sync.
 
-        Returns `last_hidden_state` (B, T + num_patches, d) and `pooler_output` (B, T, d), the task tokens.
+        Returns `last_hidden_state` (B, T + N, d) and `pooler_output` (B, T, d), the task tokens.
         """
-        if pixel_values is None:
-            raise ValueError("`pixel_values` (images or patches) are required.")
-        if pixel_values.shape[0] == 0:
+        if (pixel_values is None) == (inputs_embeds is None):
+            raise ValueError(
+                "Pass exactly one of `pixel_values` (images or patches) and `inputs_embeds` (a set)."
+            )
+        given = pixel_values if inputs_embeds is None else inputs_embeds
+        if given.shape[0] == 0:
             raise ValueError("Got an empty batch (0 samples); pass at least one image.")
-        c = self.config
+        if inputs_embeds is not None and (
+            inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size
+        ):
+            raise ValueError(
+                f"`inputs_embeds` must have shape (batch, set_size, {self.config.hidden_size}), got "
+                f"{tuple(inputs_embeds.shape)}."
+            )
         output_hidden_states = (
-            c.output_hidden_states if output_hidden_states is None else output_hidden_states
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
-        return_dict = c.return_dict if return_dict is None else return_dict
-        hidden = self.embeddings(pixel_values)
+        hidden = self.embeddings(pixel_values, inputs_embeds)
         all_hidden = (hidden,) if output_hidden_states else None
         for layer in self.layers:
             hidden = layer(hidden)
             if output_hidden_states:
                 all_hidden += (hidden,)
-        if self.checks_finite:
-            check_forward(self, {"pixel_values": pixel_values}, {"last_hidden_state": hidden})
-        pooled = hidden[:, : c.num_tasks]
-        if not return_dict:
-            return tuple(v for v in (hidden, pooled, all_hidden) if v is not None)
+        if self.checks_finite if check_finite is None else check_finite:
+            inputs = {"pixel_values": pixel_values, "inputs_embeds": inputs_embeds}
+            check_forward(self, inputs, {"last_hidden_state": hidden})
+        pooled = hidden[:, : self.config.num_tasks]
         return BaseModelOutputWithPooling(
             last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden
         )
@@ -242,8 +260,6 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.vit = MultiTaskViTModel(config)
-        self.vit.checks_finite = False  # the head checks its own inputs and outputs
-        self.checks_finite = True
         self.classifier = nn.ModuleList(self._new_head() for _ in range(config.num_tasks))
         self.post_init()
 
@@ -277,14 +293,14 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         self.classifier.extend(self._fresh_heads(len(indices)))
         return indices
 
+    @can_return_tuple
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
         task_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> ImageClassifierOutput | tuple:
+    ) -> ImageClassifierOutput:
         r"""Logits of each sample's task head; the loss of `config.problem_type` when `labels` are given.
 
         Args:
@@ -293,9 +309,8 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
                 regression, with transformers' own rules for `problem_type` (`self.loss_function`).
             Other arguments as in `MultiTaskViTModel.forward`.
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.vit(
-            pixel_values=pixel_values, output_hidden_states=output_hidden_states, return_dict=True
+            pixel_values=pixel_values, output_hidden_states=output_hidden_states, check_finite=False
         )
         pooled = outputs.pooler_output  # (B, T, d)
         rows = torch.arange(pooled.shape[0], device=pooled.device)
@@ -305,19 +320,15 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
             logits = self.classifier[0](own_token)
         else:
             logits = torch.stack([head(own_token) for head in self.classifier], dim=1)[rows, task_ids]
-        loss = None
-        if labels is not None:
-            labels = torch.as_tensor(labels, device=logits.device)
+        labels = None if labels is None else torch.as_tensor(labels, device=logits.device)
         if self.checks_finite:
-            check_forward(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
-        if labels is not None:
-            if labels.shape[0] != logits.shape[0]:
-                raise ValueError(
-                    f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."
-                )
-            loss = self.loss_function(labels, logits.float(), self.config)
-        if not return_dict:
-            return tuple(v for v in (loss, logits, outputs.hidden_states) if v is not None)
+            inputs = {"pixel_values": pixel_values, "labels": labels}
+            check_forward(self, inputs, {"logits": logits, "last_hidden_state": outputs.last_hidden_state})
+        if labels is not None and labels.shape[0] != logits.shape[0]:
+            raise ValueError(
+                f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."
+            )
+        loss = None if labels is None else self.loss_function(labels, logits.float(), self.config)
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 

@@ -1,14 +1,14 @@
 """PyTorch Neural Interpreters ("Dynamic Inference with Neural Interpreters", Rahaman, Gondal et al., 2021).
 
 Reading order follows the data: ModLin and ModMLP (Eq. 5), the relative positional bias, Eq. 6 (the literal
-`eager_attention` and `sdpa_attention`), a line of code (Eqs. 5-7), type inference (Eq. 2), a script whose
-`forward` is one function iteration (Eqs. 3, 4 and 8), then the models and heads.
+`eager_attention` and `sdpa_attention`), a line of code (Eqs. 5-7), type inference (Eq. 2), a script (Eqs. 3, 4
+and 8: `forward` is one function iteration, `run` its function iterations), then the models and heads.
 
 Every function u of a script runs on every token, so the U function streams live in one tensor (U, B, N, d), and
 what depends on a function alone (its code-modulated weights, its positional bias) is computed from the U codes
-once per forward, never per token. Eq. 6 is looked up by name in `ALL_ATTENTION_FUNCTIONS` (the model's
-`attn_implementation`); faster implementations register there, or for a whole LOC in
-`ALL_LINE_OF_CODE_FUNCTIONS`, from outside this file (`fast_attention.py`).
+once per forward, never per token. Which implementation runs a line of code is the model's `attn_implementation`,
+looked up once per forward in `ALL_ATTENTION_FUNCTIONS`: "eager" and "sdpa" live here, faster ones register there
+from outside this file (`ni_hf.kernels`), so a checkpoint's copied code runs without them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +26,12 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.utils import ModelOutput, logging
-from transformers.utils.generic import GeneralInterface
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput, ModelOutput
+from transformers.utils import logging
+from transformers.utils.generic import GeneralInterface, can_return_tuple
 
 from .configuration_neural_interpreter import NeuralInterpreterConfig, validate_task_names
+from .image_processing_neural_interpreter import patchify
 from .input_checks import check_forward, check_not_empty, check_tensor, index_list
 
 logger = logging.get_logger(__name__)
@@ -39,7 +41,7 @@ FunctionWeights = dict[str, torch.Tensor]
 
 
 @dataclass
-class NeuralInterpreterModelOutput(ModelOutput):
+class NeuralInterpreterModelOutput(BaseModelOutputWithPooling):
     """Output of the backbone.
 
     Args:
@@ -50,43 +52,27 @@ class NeuralInterpreterModelOutput(ModelOutput):
             (B, U, H, N, N): function u's weight of token j for token i at head h, before attention dropout.
         compatibilities: C of every (script, function iteration) in order, each (B, U, N).
         types: the types t of every (script, function iteration), each (B, N, d_type).
+        routing_peak: () the largest C of the forward, 0 when no function accepted any token (None while compiling).
     """
 
-    last_hidden_state: torch.FloatTensor | None = None
-    pooler_output: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
     compatibilities: tuple[torch.FloatTensor, ...] | None = None
     types: tuple[torch.FloatTensor, ...] | None = None
+    routing_peak: torch.FloatTensor | None = None
 
 
 @dataclass
-class NeuralInterpreterImageClassifierOutput(ModelOutput):
-    """Output of the multi-task image classifier.
+class NeuralInterpreterImageClassifierOutput(ImageClassifierOutput):
+    """Output of the multi-task image classifier: `loss` and `logits` (B, num_labels) of each sample's own task
+    head; `hidden_states`, `attentions`, `compatibilities` and `types` as in `NeuralInterpreterModelOutput`."""
 
-    Args:
-        loss: the loss of `config.problem_type` of `logits` against `labels`, when labels are given.
-        logits: (B, num_labels) the logits of each sample's own task head.
-        hidden_states / attentions / compatibilities / types: as in `NeuralInterpreterModelOutput`.
-    """
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
     compatibilities: tuple[torch.FloatTensor, ...] | None = None
     types: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
 class NeuralInterpreterSetRegressionOutput(ModelOutput):
-    """Output of the set-regression model (one scalar per task token).
-
-    Args:
-        loss: mean squared error of `predictions` against `labels`, when labels are given.
-        predictions: (B, T) one regression output per task token.
-        hidden_states / attentions / compatibilities / types: as in `NeuralInterpreterModelOutput`.
-    """
+    """Output of the set-regression model: the mean squared error `loss` against the labels, `predictions` (B, T)
+    (one scalar per task token), and the routing fields of `NeuralInterpreterModelOutput`."""
 
     loss: torch.FloatTensor | None = None
     predictions: torch.FloatTensor | None = None
@@ -99,15 +85,6 @@ class NeuralInterpreterSetRegressionOutput(ModelOutput):
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
 # ----------------------------------------------------------------------------------------------------------
-
-
-def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """(B, C, H, W) -> (B, (H/p)(W/p), p*p*C), i.e. `b c (h p1) (w p2) -> b (h w) (p1 p2 c)`."""
-    b, c, h, w = images.shape
-    x = images.reshape(b, c, h // patch_size, patch_size, w // patch_size, patch_size)
-    return x.permute(0, 2, 4, 3, 5, 1).reshape(
-        b, (h // patch_size) * (w // patch_size), patch_size * patch_size * c
-    )
 
 
 def apply_function_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -140,12 +117,8 @@ class ModLin(nn.Module):
         modulation = F.layer_norm(self.code_proj(codes), (self.in_features,))
         return self.weight.unsqueeze(0) * modulation.unsqueeze(1)
 
-    def forward(
-        self, x: torch.Tensor, codes: torch.Tensor | None = None, function_weights: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """x (U, B, N, in), or (B, N, in) read by every function -> (U, B, N, out); pass `codes` or their weights."""
-        if function_weights is None:
-            function_weights = self.function_weights(codes)
+    def forward(self, x: torch.Tensor, function_weights: torch.Tensor) -> torch.Tensor:
+        """x (U, B, N, in), or (B, N, in) read by every function -> (U, B, N, out), from `function_weights`."""
         return apply_function_weights(x, function_weights, self.bias)
 
 
@@ -158,8 +131,8 @@ class ModMLP(nn.Module):
         self.fc1 = ModLin(d, d, config.code_dim)
         self.fc2 = ModLin(d, d, config.code_dim)
 
-    def forward(self, x: torch.Tensor, weights: FunctionWeights) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x, function_weights=weights["fc1"])), function_weights=weights["fc2"])
+    def forward(self, x: torch.Tensor, function_weights: FunctionWeights) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x, function_weights["fc1"])), function_weights["fc2"])
 
 
 class RelativePositionalBias(nn.Module):
@@ -195,7 +168,7 @@ class RelativePositionalBias(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 # Eq. 6: modulated attention
 # ----------------------------------------------------------------------------------------------------------
-# An implementation takes the LOC, its normalised input h ((B, N, d) read by every function, or (U, B, N, d)),
+# An Eq. 6 function takes the LOC, its normalised input h ((B, N, d) read by every function, or (U, B, N, d)),
 # the LOC's function weights, C (U, B, N), the positional bias (U, H, N, N) or None, and the attention dropout
 # probability; it returns the attended values (U, B, N, d) with the heads merged, and W (B, U, H, N, N) or None.
 AttentionFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -209,19 +182,21 @@ def merge_heads(attended: torch.Tensor) -> torch.Tensor:
 def eager_attention(
     module: LineOfCode,
     hidden: torch.Tensor,
-    weights: FunctionWeights,
+    function_weights: FunctionWeights,
     compatibilities: torch.Tensor,
-    position_bias: torch.Tensor | None,
+    attention_bias: torch.Tensor | None,
     dropout: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 6 literally: W = A~ / (eps + sum_j A~), A~_ij = C_ui C_uj softmax_j((q_i . k_j + bias_ij) / sqrt(d_h))."""
-    query, key, value = (module.heads(hidden, weights, name) for name in ("query", "key", "value"))
+    query, key, value = (
+        module.project_heads(hidden, function_weights, name) for name in ("query", "key", "value")
+    )
     logits = query @ key.transpose(-1, -2)  # (B, U, H, N, N)
-    if position_bias is not None:
-        logits = logits + position_bias
+    if attention_bias is not None:
+        logits = logits + attention_bias
     probs = torch.softmax(logits * module.scaling, dim=-1)
-    c = compatibilities.transpose(0, 1).unsqueeze(2)  # (B, U, 1, N)
-    modulated = c.unsqueeze(-1) * probs * c.unsqueeze(-2)
+    c_query = compatibilities.transpose(0, 1).unsqueeze(2)  # (B, U, 1, N)
+    modulated = c_query.unsqueeze(-1) * probs * c_query.unsqueeze(-2)
     # The clamp keeps a row that no function accepts at 0 (not 0/0) when attention_eps is 0.
     normaliser = (module.config.attention_eps + modulated.sum(dim=-1, keepdim=True)).clamp_min(1e-30)
     attention_weights = modulated / normaliser
@@ -238,9 +213,9 @@ def normalise_columns(columns_out: torch.Tensor, c_query: torch.Tensor, eps: flo
 def sdpa_attention(
     module: LineOfCode,
     hidden: torch.Tensor,
-    weights: FunctionWeights,
+    function_weights: FunctionWeights,
     compatibilities: torch.Tensor,
-    position_bias: torch.Tensor | None,
+    attention_bias: torch.Tensor | None,
     dropout: float = 0.0,
 ) -> tuple[torch.Tensor, None]:
     """Eq. 6 through torch's scaled_dot_product_attention, exactly: W v = C_ui A [C_uj v_j] / (eps + C_ui A C_uj).
@@ -250,11 +225,13 @@ def sdpa_attention(
     token gives 0, not NaN). Functions are folded into the heads, (B, U * H, N, .), so that the bias (U * H, N, N)
     broadcasts over the batch. Dropout, if any, acts on A.
     """
-    query, key, value = (module.heads(hidden, weights, name) for name in ("query", "key", "value"))
+    query, key, value = (
+        module.project_heads(hidden, function_weights, name) for name in ("query", "key", "value")
+    )
     b, u, h, n, _ = query.shape
     c_key = compatibilities.transpose(0, 1)[:, :, None, :, None]  # (B, U, 1, N, 1)
     columns = torch.cat([value * c_key, c_key.expand(b, u, h, n, 1)], dim=-1)
-    mask = None if position_bias is None else (position_bias * module.scaling).to(query.dtype).flatten(0, 1)
+    mask = None if attention_bias is None else (attention_bias * module.scaling).to(query.dtype).flatten(0, 1)
     out = F.scaled_dot_product_attention(
         query.flatten(1, 2),
         key.flatten(1, 2),
@@ -266,47 +243,8 @@ def sdpa_attention(
     return merge_heads(normalise_columns(out, c_key, module.config.attention_eps)), None
 
 
-class NeuralInterpreterAttentionInterface(GeneralInterface):
-    """Eq. 6 implementations by name, as transformers' `AttentionInterface`: `register(name, function)` adds one."""
-
-    _global_mapping = {"eager": eager_attention, "sdpa": sdpa_attention}
-
-
-ALL_ATTENTION_FUNCTIONS = NeuralInterpreterAttentionInterface()
-
-
-class NeuralInterpreterLineOfCodeInterface(GeneralInterface):
-    """Whole-LOC implementations by name, for kernels that fuse Eq. 6 with the ModLins after it.
-
-    A function (module, x, C, weights, position_bias) -> streams, or None where it does not apply; then the LOC
-    runs its own code with the attention function of the same name.
-    """
-
-    _global_mapping: dict[str, Callable[..., torch.Tensor | None]] = {}
-
-
-ALL_LINE_OF_CODE_FUNCTIONS = NeuralInterpreterLineOfCodeInterface()
-
-# Implementations that ni_hf registers from outside this file: a checkpoint's copied code runs without them.
-OPTIONAL_IMPLEMENTATIONS = ("fast",)
-
-
-def attention_implementation(requested: str | None, device: torch.device) -> str:
-    """The Eq. 6 implementation a LOC runs: the config's, or "eager" where a compiler or tracer records the model.
-
-    torch.jit.trace cannot record custom autograd Functions, and on CUDA inductor compiled the value-column form of
-    Eq. 6 into another function (logits off by O(1) on an H200, torch 2.11, 2026-11-27) while it compiled the
-    literal form exactly: an accelerator under torch.compile runs the literal form.
-    """
-    if torch.jit.is_tracing():
-        return "eager"
-    if torch.compiler.is_compiling() and device.type not in ("cpu", "meta"):
-        return "eager"
-    return requested or "sdpa"
-
-
 # ----------------------------------------------------------------------------------------------------------
-# A line of code, type inference, a script
+# A line of code, its implementations, type inference, a script
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -342,37 +280,85 @@ class LineOfCode(nn.Module):
         }
         return {name: layer.function_weights(codes) for name, layer in layers.items()}
 
-    def heads(self, hidden: torch.Tensor, weights: FunctionWeights, name: str) -> torch.Tensor:
+    def project_heads(
+        self, hidden: torch.Tensor, function_weights: FunctionWeights, name: str
+    ) -> torch.Tensor:
         """Query, key or value of every function, split into heads: (B, U, H, N, d_head)."""
-        projection = getattr(self, name)(hidden, function_weights=weights[name])  # (U, B, N, H * d_head)
+        projection = getattr(self, name)(hidden, function_weights[name])  # (U, B, N, H * d_head)
         return projection.unflatten(-1, (self.num_heads, -1)).permute(1, 0, 3, 2, 4)
 
     def forward(
         self,
         x: torch.Tensor,
         compatibilities: torch.Tensor,
-        weights: FunctionWeights,
-        position_bias: torch.Tensor | None = None,
-        output_attentions: bool = False,
+        function_weights: FunctionWeights,
+        attention_bias: torch.Tensor | None = None,
+        attention: AttentionFunction = eager_attention,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, N, d) read by every function, or (U, B, N, d); C (U, B, N) -> streams (U, B, N, d), and W or None."""
-        implementation = attention_implementation(self.config._attn_implementation, x.device)
-        if implementation in ALL_LINE_OF_CODE_FUNCTIONS and not output_attentions:
-            streams = ALL_LINE_OF_CODE_FUNCTIONS[implementation](
-                self, x, compatibilities, weights, position_bias
-            )
-            if streams is not None:
-                return streams, None
-        # Only the literal form forms W; asked for it, this call runs it.
-        attention = eager_attention if output_attentions else ALL_ATTENTION_FUNCTIONS[implementation]
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         gate = compatibilities.unsqueeze(-1)  # a token a function does not accept passes its stream unchanged
         attended, attention_weights = attention(
-            self, self.attention_norm(x), weights, compatibilities, position_bias, dropout
+            self, self.attention_norm(x), function_weights, compatibilities, attention_bias, dropout
         )
-        a = x + gate * self.dropout(self.output(attended, function_weights=weights["output"]))
-        streams = a + gate * self.dropout(self.mlp(self.mlp_norm(a), weights))
+        a = x + gate * self.dropout(self.output(attended, function_weights["output"]))
+        streams = a + gate * self.dropout(self.mlp(self.mlp_norm(a), function_weights))
         return streams, attention_weights
+
+
+# A line-of-code implementation: (LOC, x, C, function weights, attention bias) -> (streams, W or None).
+LineOfCodeFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def eager_line_of_code(
+    module: LineOfCode,
+    x: torch.Tensor,
+    compatibilities: torch.Tensor,
+    function_weights: FunctionWeights,
+    bias: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LOC with the literal Eq. 6: the one implementation that forms W (`output_attentions=True` runs it)."""
+    return module(x, compatibilities, function_weights, bias, attention=eager_attention)
+
+
+def sdpa_line_of_code(
+    module: LineOfCode,
+    x: torch.Tensor,
+    compatibilities: torch.Tensor,
+    function_weights: FunctionWeights,
+    bias: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The LOC with Eq. 6 through `sdpa_attention`, except under torch.compile on an accelerator.
+
+    There inductor compiled the value-column form into another function (logits off by O(1) on an H200, torch
+    2.11) while it compiled the literal form exactly, so a compiled graph on an accelerator records the literal one.
+    """
+    compiled_off_cpu = torch.compiler.is_compiling() and x.device.type not in ("cpu", "meta")
+    attention = eager_attention if compiled_off_cpu else sdpa_attention
+    return module(x, compatibilities, function_weights, bias, attention=attention)
+
+
+class NeuralInterpreterAttentionInterface(GeneralInterface):
+    """Line-of-code implementations by name (the model's `attn_implementation`), as transformers'
+    `AttentionInterface`: `register(name, function)` adds one, a `LineOfCodeFunction`. To register an Eq. 6
+    function alone, wrap it: `lambda loc, *args: loc(*args, attention=my_attention)`."""
+
+    _global_mapping: dict[str, LineOfCodeFunction] = {"eager": eager_line_of_code, "sdpa": sdpa_line_of_code}
+
+
+ALL_ATTENTION_FUNCTIONS = NeuralInterpreterAttentionInterface()
+
+
+def line_of_code_function(name: str | None) -> LineOfCodeFunction:
+    """The registered implementation `name` ("sdpa" for None); a ValueError that lists the registered ones."""
+    name = "sdpa" if name is None else name
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(
+            f'Specified `attn_implementation="{name}"` is not supported by Neural Interpreters: expected one of '
+            f"{sorted(ALL_ATTENTION_FUNCTIONS)} (`import ni_hf` registers its CPU kernels as 'fast'; register more "
+            "with NeuralInterpreterAttentionInterface.register)."
+        )
+    return ALL_ATTENTION_FUNCTIONS[name]
 
 
 class TypeInference(nn.Module):
@@ -392,6 +378,15 @@ class TypeInference(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x) if i == 0 else layer(F.gelu(x))
         return F.normalize(x, dim=-1)
+
+
+class FunctionIteration(NamedTuple):
+    """What one function iteration leaves: y (B, N, d), C (B, U, N), types (B, N, d_type), every LOC's W or None."""
+
+    hidden_state: torch.Tensor
+    compatibilities: torch.Tensor
+    types: torch.Tensor
+    attentions: tuple[torch.Tensor, ...] | None
 
 
 class NeuralInterpreterScript(GradientCheckpointingLayer):
@@ -423,7 +418,7 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         """Every LOC's code-modulated weights; formed once per forward and shared by all function iterations."""
         return tuple(loc.function_weights(self.codes) for loc in self.locs)
 
-    def position_biases(self, num_prefix_tokens: int) -> torch.Tensor | None:
+    def attention_biases(self, num_prefix_tokens: int) -> torch.Tensor | None:
         """(L, U, H, N, N): every LOC's positional bias, computed once per forward, not per iteration or sample."""
         if not self.config.use_relative_positional_bias:
             return None
@@ -433,39 +428,67 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        position_biases: torch.Tensor | None = None,
-        function_mask: torch.Tensor | None = None,
-        loc_positions: torch.Tensor | None = None,
-        output_attentions: bool = False,
+        attention_biases: torch.Tensor | None,
+        function_mask: torch.Tensor | None,
+        loc_positions: torch.Tensor | None,
+        line_of_code: LineOfCodeFunction = eager_line_of_code,
         function_weights: tuple[FunctionWeights, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """One function iteration: types (Eq. 2), C (Eqs. 3-4), every function's LOCs, y_i = sum_u C_ui LOC_u(x)_i.
 
-        Returns (y (B, N, d), C (U, B, N), types (B, N, d_type), every LOC's W or None).
-        position_biases: from `position_biases` (patch inputs), or None (a set without positions).
+        Returns y (B, N, d), C (U, B, N), types (B, N, d_type) and every LOC's W (None unless every LOC formed W).
         loc_positions: (N, d) absolute positions added to the stream before every LOC (zero rows for the task
             tokens), or None; type inference and the outer residual see x without them, as in the reference.
-        function_weights: from `function_weights` (once per forward), or None to form them here.
         """
-        if function_weights is None:
-            function_weights = self.function_weights()
+        function_weights = self.function_weights() if function_weights is None else function_weights
         types = self.type_inference(hidden_states)
         compatibilities = self.compatibilities(types, function_mask)
         streams = (
-            hidden_states  # every function's stream starts from the same x, kept unexpanded for the first LOC
+            hidden_states  # every function's stream starts from the same x, unexpanded for the first LOC
         )
-        attentions = () if output_attentions else None
+        attentions = ()
         for i, loc in enumerate(self.locs):
             if loc_positions is not None:
                 streams = streams + loc_positions
-            bias = None if position_biases is None else position_biases[i]
-            streams, weights = loc(streams, compatibilities, function_weights[i], bias, output_attentions)
-            if output_attentions:
-                attentions += (weights,)
+            bias = None if attention_biases is None else attention_biases[i]
+            streams, attention_weights = line_of_code(
+                loc, streams, compatibilities, function_weights[i], bias
+            )
+            attentions += (attention_weights,)
         output = (compatibilities.unsqueeze(-1) * streams).sum(dim=0)  # Eq. 8: sum over functions
         if self.config.outer_residual:
             output = hidden_states + output
-        return output, compatibilities, types, attentions
+        return output, compatibilities, types, attentions if all(w is not None for w in attentions) else None
+
+    def run(
+        self,
+        hidden_states: torch.Tensor,
+        num_iterations: int,
+        line_of_code: LineOfCodeFunction,
+        reads_patches: bool,
+        function_mask: torch.Tensor | None = None,
+        loc_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[FunctionIteration]]:
+        """`num_iterations` function iterations, the parameters shared across them: y and what each iteration left."""
+        biases = self.attention_biases(self.config.num_task_tokens) if reads_patches else None
+        # A checkpointed iteration forms its own weights inside the checkpoint: tensors shared from outside it
+        # would be backpropagated by each reentrant checkpoint's inner backward.
+        checkpointed = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        weights = None if checkpointed else self.function_weights()
+        iterations = []
+        for _ in range(num_iterations):
+            hidden_states, compatibilities, types, attentions = self(
+                hidden_states,
+                biases,
+                function_mask,
+                loc_positions,
+                line_of_code=line_of_code,
+                function_weights=weights,
+            )
+            iterations.append(
+                FunctionIteration(hidden_states, compatibilities.transpose(0, 1), types, attentions)
+            )
+        return hidden_states, iterations
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -484,6 +507,8 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["NeuralInterpreterScript"]
     # Trainer must not assume the model averages the loss over processes itself.
     accepts_loss_kwargs = False
+    # Whether forward raises on NaN or inf and warns when no function accepts any token (one host sync).
+    checks_finite = True
 
     def __init__(self, config: NeuralInterpreterConfig, *inputs: Any, **kwargs: Any) -> None:
         # A config changed in place after construction (`config.num_functions = 0`) is checked here, not later.
@@ -494,30 +519,10 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        """The Eq. 6 implementation by name: `ALL_ATTENTION_FUNCTIONS`; by default the fastest registered one."""
-        if requested_attention is None:
-            default = next(
-                (name for name in OPTIONAL_IMPLEMENTATIONS if name in ALL_ATTENTION_FUNCTIONS), "sdpa"
-            )
-            if default == "sdpa":
-                logger.warning_once(
-                    "The ni_hf package's attn_implementation='fast' is not registered in this process (this is the "
-                    "checkpoint's copied code): the model runs 'sdpa', which computes the same function."
-                )
-            return default
-        if requested_attention in ALL_ATTENTION_FUNCTIONS:
-            return requested_attention
-        if requested_attention in OPTIONAL_IMPLEMENTATIONS:
-            logger.warning_once(
-                f"attn_implementation={requested_attention!r} comes with the ni_hf package, which this process "
-                "did not import: falling back to 'sdpa', which computes the same function."
-            )
-            return "sdpa"
-        raise ValueError(
-            f'Specified `attn_implementation="{requested_attention}"` is not supported by Neural Interpreters: '
-            f"expected one of {sorted(ALL_ATTENTION_FUNCTIONS)} (register more with "
-            "NeuralInterpreterAttentionInterface.register)."
-        )
+        """The line-of-code implementation by name, from `ALL_ATTENTION_FUNCTIONS`; "sdpa" by default."""
+        name = "sdpa" if requested_attention is None else requested_attention
+        line_of_code_function(name)  # refuses a name nobody registered
+        return name
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -530,12 +535,12 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
         return loaded
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save as transformers does; a checkpoint with copied code also names the backbone for `AutoModel`.
+        """Save as transformers does, after checking that the config still describes this model's parameters.
 
-        A head with no Auto class of its own (set regression) copies the code through its backbone, so the
-        checkpoint loads without `ni_hf` too: `AutoModel` gives the backbone, and the head class named in
-        `config.architectures` comes from `transformers.dynamic_module_utils.get_class_from_dynamic_module`.
+        A checkpoint with copied code also names the backbone for `AutoModel`; a head with no Auto class of its
+        own (set regression) copies the code through its backbone, so the checkpoint loads without `ni_hf` too.
         """
+        self.check_config_matches_parameters()
         backbone = getattr(self, self.base_model_prefix, None)
         is_main_process = kwargs.get("is_main_process", args[0] if args else True)
         if self._auto_class is not None:
@@ -546,6 +551,29 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
             os.makedirs(save_directory, exist_ok=True)
             custom_object_save(backbone, save_directory, config=self.config)
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def check_config_matches_parameters(self) -> None:
+        """Refuse a config edited after the model was built in a way its parameters cannot follow (e.g.
+        `config.num_functions = 7`): the saved config would describe another model."""
+        self.config.validate_neural_interpreter()
+        with torch.device("meta"):
+            expected = type(self)(self.config).state_dict()
+        actual = self.state_dict()
+        differ = [
+            f"{name}: {tuple(tensor.shape)} for the config, {tuple(actual[name].shape)} in the model"
+            for name, tensor in expected.items()
+            if name in actual and tensor.shape != actual[name].shape
+        ]
+        differ += [f"{name}: in one of them only" for name in set(expected) ^ set(actual)]
+        if differ:
+            raise ValueError(
+                "The config no longer describes this model's parameters ("
+                + "; ".join(sorted(differ)[:4])
+                + (" ..." if len(differ) > 4 else "")
+                + "): a built model cannot take edits to the settings that "
+                "fix parameter shapes (hidden_size, num_functions, num_labels, task_names, ...). Change tasks with "
+                "reset_tasks / add_tasks and functions with add_functions, or build a new model from the config."
+            )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -575,30 +603,28 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
 class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
     """The backbone: patch embedding, task (CLS) tokens, and scripts of function iterations."""
 
-    def __init__(self, config: NeuralInterpreterConfig) -> None:
+    def __init__(self, config: NeuralInterpreterConfig, add_patch_embedding: bool = True) -> None:
+        r"""add_patch_embedding: False for a head that feeds sets (`inputs_embeds`), which never reads patches."""
         super().__init__(config)
         self.config = config
-        self.patch_embedding = nn.Linear(config.patch_dim, config.hidden_size)
+        self.patch_embedding = (
+            nn.Linear(config.patch_dim, config.hidden_size) if add_patch_embedding else None
+        )
         num_token_params = 1 if config.share_task_tokens else config.num_task_tokens
         self.task_tokens = nn.Parameter(torch.empty(num_token_params, config.hidden_size))
         self.scripts = nn.ModuleList(NeuralInterpreterScript(config) for _ in range(config.num_scripts))
-        # False under a head that feeds sets (`inputs_embeds`): the patch embedding is then never used.
-        self.reads_patches = True
-        # Whether forward checks for NaN, inf and a routing that accepts no token (one host sync); a head turns
-        # it off and checks the backbone's tensors with its own (`routing_peak`).
-        self.checks_finite = True
-        self.routing_peak: torch.Tensor | None = None
         self.post_init()
         self.apply_freezing()
 
     def apply_freezing(self) -> None:
-        """Make the tensors the config freezes, and unused ones, non-trainable (so optimizers and DDP never see them)."""
+        """Make the tensors the config freezes non-trainable (so optimizers and DDP never see them)."""
         for script in self.scripts:
             script.signatures.requires_grad_(not self.config.freeze_signatures)
             script.codes.requires_grad_(not self.config.freeze_codes)
-        self.patch_embedding.requires_grad_(self.reads_patches and not self.config.freeze_patch_embedding)
+        if self.patch_embedding is not None:
+            self.patch_embedding.requires_grad_(not self.config.freeze_patch_embedding)
 
-    def get_input_embeddings(self) -> nn.Module:
+    def get_input_embeddings(self) -> nn.Module | None:
         return self.patch_embedding
 
     def set_input_embeddings(self, value: nn.Module) -> None:
@@ -654,50 +680,66 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         tokens = self.task_tokens.expand(self.config.num_task_tokens, -1)
         return tokens.unsqueeze(0).expand(batch_size, -1, -1)
 
-    def _embed_inputs(
+    def embed(
         self, pixel_values: torch.Tensor | None, inputs_embeds: torch.Tensor | None
     ) -> tuple[torch.Tensor, bool]:
-        """(B, N_in, d) input set, and whether it is a grid of patches (for the positional bias)."""
+        """(B, N_in, d) input set, and whether it is a grid of patches (which the positional bias reads)."""
         if (pixel_values is None) == (inputs_embeds is None):
             raise ValueError(
                 "Pass exactly one of `pixel_values` (images or patches) and `inputs_embeds` (a set)."
             )
-        c = self.config
+        config = self.config
         if inputs_embeds is not None:
             check_tensor("inputs_embeds", inputs_embeds, "a set of embedding vectors")
-            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != c.hidden_size:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
                 raise ValueError(
-                    f"`inputs_embeds` must have shape (batch, set_size, {c.hidden_size}), got {tuple(inputs_embeds.shape)}."
+                    f"`inputs_embeds` must have shape (batch, set_size, {config.hidden_size}), got "
+                    f"{tuple(inputs_embeds.shape)}."
                 )
             check_not_empty(inputs_embeds.shape[0])
             return inputs_embeds.to(self.task_tokens.dtype), False
+        if self.patch_embedding is None:
+            raise ValueError(
+                "This backbone was built without a patch embedding: pass `inputs_embeds`, a set."
+            )
         check_tensor(
             "pixel_values",
             pixel_values,
             "pixels normalized to about [-1, 1], as NeuralInterpreterImageProcessor gives them; raw 0-255 images go "
             "through the processor first",
         )
+        image_shape = (config.num_channels, config.image_size, config.image_size)
         if pixel_values.dim() == 4:
-            if pixel_values.shape[1:] != (c.num_channels, c.image_size, c.image_size):
+            if pixel_values.shape[1:] != image_shape:
                 raise ValueError(
-                    f"Images must have shape (batch, {c.num_channels}, {c.image_size}, {c.image_size}), got "
+                    f"Images must have shape (batch, {', '.join(map(str, image_shape))}), got "
                     f"{tuple(pixel_values.shape)}; resize them with NeuralInterpreterImageProcessor."
                 )
-            pixel_values = patchify(pixel_values, c.patch_size)
-        elif pixel_values.dim() != 3 or pixel_values.shape[1:] != (c.num_patches, c.patch_dim):
+            pixel_values = patchify(pixel_values, config.patch_size)
+        elif pixel_values.dim() != 3 or pixel_values.shape[1:] != (config.num_patches, config.patch_dim):
             raise ValueError(
-                f"`pixel_values` must be images (batch, {c.num_channels}, {c.image_size}, {c.image_size}) or patches "
-                f"(batch, {c.num_patches}, {c.patch_dim}), got {tuple(pixel_values.shape)}."
+                f"`pixel_values` must be images (batch, {', '.join(map(str, image_shape))}) or patches "
+                f"(batch, {config.num_patches}, {config.patch_dim}), got {tuple(pixel_values.shape)}."
             )
         check_not_empty(pixel_values.shape[0])
-        pixel_values = pixel_values.to(self.patch_embedding.weight.dtype)
-        return self.patch_embedding(pixel_values), True
+        return self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype)), True
 
-    def _function_masks(
+    def loc_positions(self, loc_position_embeddings: torch.Tensor | None, embeddings: torch.Tensor) -> Any:
+        """(N, d) positions added before every LOC, zero for the task tokens; None without `loc_position_embeddings`."""
+        if loc_position_embeddings is None:
+            return None
+        if loc_position_embeddings.shape != embeddings.shape[1:]:
+            raise ValueError(
+                f"`loc_position_embeddings` must have shape {tuple(embeddings.shape[1:])} (one row per input "
+                f"element), got {tuple(loc_position_embeddings.shape)}."
+            )
+        return F.pad(loc_position_embeddings.to(embeddings.dtype), (0, 0, self.config.num_task_tokens, 0))
+
+    def function_masks(
         self, disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None, device: torch.device
     ) -> list[torch.Tensor | None]:
         """One (U,) 0/1 mask per script, or None; `disabled_functions` lists functions (per script if a dict)."""
-        num_scripts = self.config.num_scripts
+        num_scripts, num_functions = self.config.num_scripts, self.config.num_functions
         if disabled_functions is None:
             return [None] * num_scripts
         per_script = (
@@ -713,30 +755,34 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         masks = []
         for s in range(num_scripts):
             disabled = index_list(per_script.get(s, []), "disabled_functions")
-            if any(not 0 <= u < self.config.num_functions for u in disabled):
+            if any(not 0 <= u < num_functions for u in disabled):
                 raise ValueError(
-                    f"`disabled_functions` must index functions 0..{self.config.num_functions - 1}, got {disabled}."
+                    f"`disabled_functions` must index functions 0..{num_functions - 1}, got {disabled}."
                 )
-            mask = torch.ones(self.config.num_functions, device=device)
+            mask = torch.ones(num_functions, device=device)
             mask[disabled] = 0.0
             masks.append(mask if disabled else None)
         return masks
 
-    def _iterations(self, num_function_iterations: int | Sequence[int] | None) -> list[int]:
+    def function_iterations(self, num_function_iterations: int | Sequence[int] | None) -> list[int]:
         """Function iterations to run per script: the config's, or fewer (or more) for anytime inference."""
-        c = self.config
-        iterations = c.iterations_per_script if num_function_iterations is None else num_function_iterations
+        config = self.config
+        iterations = (
+            config.iterations_per_script if num_function_iterations is None else num_function_iterations
+        )
         if isinstance(iterations, torch.Tensor) and iterations.dim() == 0:
             iterations = iterations.item()
         if isinstance(iterations, int) and not isinstance(iterations, bool):
-            iterations = [iterations] * c.num_scripts
+            iterations = [iterations] * config.num_scripts
         iterations = index_list(iterations, "num_function_iterations")
-        if len(iterations) != c.num_scripts or any(k < 0 for k in iterations):
+        if len(iterations) != config.num_scripts or any(k < 0 for k in iterations) or not any(iterations):
             raise ValueError(
-                f"`num_function_iterations` must be a non-negative int or one per script ({c.num_scripts}), got {iterations}."
+                f"`num_function_iterations` must be a non-negative int or one per script ({config.num_scripts}), "
+                f"with at least one iteration in all, got {iterations}."
             )
         return iterations
 
+    @can_return_tuple
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
@@ -745,97 +791,64 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         output_routing: bool = False,
         num_function_iterations: int | Sequence[int] | None = None,
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
-        return_dict: bool | None = None,
         loc_position_embeddings: torch.Tensor | None = None,
         output_attentions: bool | None = None,
-    ) -> NeuralInterpreterModelOutput | tuple:
-        r"""Run the scripts on the input set with the task tokens prepended.
+        check_finite: bool | None = None,
+    ) -> NeuralInterpreterModelOutput:
+        r"""Embed the inputs, prepend the task tokens, run every script's function iterations, pool the task tokens.
 
         Args:
             pixel_values: images (B, C, H, W) or patches (B, num_patches, patch_dim) from the image processor.
             inputs_embeds: a set of vectors (B, N_in, d), used as is (no patch embedding, no positions).
-            loc_position_embeddings: (N_in, d) positions of the input elements, added to the stream inside every
-                LOC (`input_position_embedding_placement="every_loc"`); the task tokens get none.
-            output_hidden_states: return the set after every function iteration.
-            output_attentions: return Eq. 6's attention weights (B, U, H, N, N) of every LOC of every function
-                iteration (the LOCs then run the literal form, whatever the attention implementation).
+            output_hidden_states: return the set before the first and after every function iteration.
             output_routing: return the compatibilities C (B, U, N) and types of every function iteration.
             num_function_iterations: run this many iterations per script (int or one per script) instead of the
                 config's: anytime inference.
             disabled_functions: functions whose C_ui is forced to 0 before normalisation (indices for all scripts,
                 or a dict script -> indices).
+            loc_position_embeddings: (N_in, d) positions of the input elements, added to the stream inside every
+                LOC (`input_position_embedding_placement="every_loc"`); the task tokens get none.
+            output_attentions: return Eq. 6's attention weights (B, U, H, N, N) of every LOC of every function
+                iteration (the LOCs then run the literal form, whatever the attention implementation).
+            check_finite: check the inputs and the output (default `self.checks_finite`); a head passes False and
+                checks them with its own, in one host sync.
         """
-        c = self.config
+        config = self.config
         output_hidden_states = (
-            c.output_hidden_states if output_hidden_states is None else output_hidden_states
+            config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
-        output_attentions = c.output_attentions if output_attentions is None else output_attentions
-        return_dict = c.return_dict if return_dict is None else return_dict
-        embeddings, is_patch_grid = self._embed_inputs(pixel_values, inputs_embeds)
-        num_prefix = c.num_task_tokens
+        output_attentions = config.output_attentions if output_attentions is None else output_attentions
+        embeddings, reads_patches = self.embed(pixel_values, inputs_embeds)
         hidden = torch.cat(
             [self.embed_task_tokens(embeddings.shape[0]).to(embeddings.dtype), embeddings], dim=1
         )
-        iterations = self._iterations(num_function_iterations)
-        function_masks = self._function_masks(disabled_functions, hidden.device)
-        loc_positions = None
-        if loc_position_embeddings is not None:
-            if loc_position_embeddings.shape != embeddings.shape[1:]:
-                raise ValueError(
-                    f"`loc_position_embeddings` must have shape {tuple(embeddings.shape[1:])} (one row per input "
-                    f"element), got {tuple(loc_position_embeddings.shape)}."
-                )
-            loc_positions = F.pad(loc_position_embeddings.to(hidden.dtype), (0, 0, num_prefix, 0))
-
-        all_hidden = (hidden,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        all_compat = () if output_routing else None
-        all_types = () if output_routing else None
-        # The largest C of the forward, for the zero-routing warning; not recorded into compiled or exported graphs.
+        loc_positions = self.loc_positions(loc_position_embeddings, embeddings)
+        line_of_code = line_of_code_function("eager" if output_attentions else config._attn_implementation)
+        masks = self.function_masks(disabled_functions, hidden.device)
+        iterations: list[FunctionIteration] = []
+        first = hidden
+        iterations_per_script = self.function_iterations(num_function_iterations)
+        for script, num, mask in zip(self.scripts, iterations_per_script, masks, strict=True):
+            hidden, records = script.run(hidden, num, line_of_code, reads_patches, mask, loc_positions)
+            iterations += records
         watching = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
-        peaks = []
-        for script, n_iter, mask in zip(self.scripts, iterations, function_masks, strict=True):
-            if n_iter == 0:
-                continue
-            biases = script.position_biases(num_prefix) if is_patch_grid else None
-            # A checkpointed iteration forms its own weights inside the checkpoint: tensors shared from outside it
-            # would be backpropagated by each reentrant checkpoint's inner backward.
-            checkpointed = script.gradient_checkpointing and script.training and torch.is_grad_enabled()
-            weights = None if checkpointed else script.function_weights()
-            for _ in range(n_iter):
-                hidden, compat, types, attentions = script(
-                    hidden, biases, mask, loc_positions, output_attentions, function_weights=weights
-                )
-                if watching:
-                    peaks.append(compat.detach().amax())
-                if output_hidden_states:
-                    all_hidden += (hidden,)
-                if output_attentions:
-                    all_attentions += attentions
-                if output_routing:
-                    all_compat += (compat.transpose(0, 1),)
-                    all_types += (types,)
-
-        if watching:
-            self.routing_peak = torch.stack(peaks).amax() if peaks else None
-        if self.checks_finite:
-            inputs = {
-                "pixel_values": pixel_values,
-                "inputs_embeds": inputs_embeds,
-                "loc_position_embeddings": loc_position_embeddings,
-            }
-            check_forward(self, inputs, {"last_hidden_state": hidden}, self.routing_peak)
-        pooled = hidden[:, :num_prefix]
-        if not return_dict:
-            outputs = (hidden, pooled, all_hidden, all_attentions, all_compat, all_types)
-            return tuple(v for v in outputs if v is not None)
+        peak = (
+            torch.stack([it.compatibilities.detach().amax() for it in iterations]).amax()
+            if watching
+            else None
+        )
+        if self.checks_finite if check_finite is None else check_finite:
+            names = ("pixel_values", "inputs_embeds", "loc_position_embeddings")
+            inputs = dict(zip(names, (pixel_values, inputs_embeds, loc_position_embeddings), strict=True))
+            check_forward(self, inputs, {"last_hidden_state": hidden}, peak)
         return NeuralInterpreterModelOutput(
             last_hidden_state=hidden,
-            pooler_output=pooled,
-            hidden_states=all_hidden,
-            attentions=all_attentions,
-            compatibilities=all_compat,
-            types=all_types,
+            pooler_output=hidden[:, : config.num_task_tokens],
+            hidden_states=(first, *(it.hidden_state for it in iterations)) if output_hidden_states else None,
+            attentions=tuple(w for it in iterations for w in it.attentions) if output_attentions else None,
+            compatibilities=tuple(it.compatibilities for it in iterations) if output_routing else None,
+            types=tuple(it.types for it in iterations) if output_routing else None,
+            routing_peak=peak,
         )
 
 
@@ -911,7 +924,7 @@ class TaskHead(nn.Module):
         return self.linear(self.norm(x))
 
 
-def _resolve_task_ids(
+def resolve_task_ids(
     task_ids: Any, config: NeuralInterpreterConfig, batch_size: int, device: torch.device
 ) -> torch.Tensor:
     """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
@@ -952,13 +965,11 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.neural_interpreter = NeuralInterpreterModel(config)
-        self.neural_interpreter.checks_finite = False  # checked with the head's tensors, in one sync
-        self.checks_finite = True
-        num_heads = 1 if config.share_task_tokens else config.num_tasks
-        self.classifier = nn.ModuleList(
-            TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps) for _ in range(num_heads)
-        )
+        self.classifier = nn.ModuleList(self._fresh_heads(self._num_task_heads(config.num_tasks)))
         self.post_init()
+
+    def _num_task_heads(self, num_tasks: int) -> int:
+        return 1 if self.config.share_task_tokens else num_tasks
 
     def get_input_embeddings(self) -> nn.Module:
         return self.neural_interpreter.patch_embedding
@@ -969,10 +980,8 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
     def _fresh_heads(self, count: int) -> list[TaskHead]:
         """`count` task heads initialised as the model's own, on its device and in its dtype."""
         ref = self.neural_interpreter.task_tokens
-        heads = [
-            TaskHead(self.config.hidden_size, self.config.num_labels, self.config.layer_norm_eps)
-            for _ in range(count)
-        ]
+        config = self.config
+        heads = [TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps) for _ in range(count)]
         for head in heads:
             head.apply(self._init_weights)
         return [head.to(device=ref.device, dtype=ref.dtype) for head in heads]
@@ -989,7 +998,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         if num_labels is not None:
             self.config.num_labels = self.num_labels = num_labels
         self.neural_interpreter.reset_task_tokens(names)
-        self.classifier = nn.ModuleList(self._fresh_heads(1 if self.config.share_task_tokens else len(names)))
+        self.classifier = nn.ModuleList(self._fresh_heads(self._num_task_heads(len(names))))
 
     def add_tasks(self, task_names: Sequence[str]) -> list[int]:
         """Append tasks (a fresh CLS token and head each); the existing ones stay as they are. Returns their ids."""
@@ -998,6 +1007,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             self.classifier.extend(self._fresh_heads(len(new_ids)))
         return new_ids
 
+    @can_return_tuple
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
@@ -1007,9 +1017,8 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         output_routing: bool = False,
         num_function_iterations: int | Sequence[int] | None = None,
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
-        return_dict: bool | None = None,
         output_attentions: bool | None = None,
-    ) -> NeuralInterpreterImageClassifierOutput | tuple:
+    ) -> NeuralInterpreterImageClassifierOutput:
         r"""Logits of each sample's task head; the loss of `config.problem_type` when `labels` are given.
 
         Args:
@@ -1018,9 +1027,7 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
                 regression, as in transformers' classifiers (`classification_loss`).
             Other arguments as in `NeuralInterpreterModel.forward`.
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        num_heads = 1 if self.config.share_task_tokens else self.config.num_tasks
-        if len(self.classifier) != num_heads:
+        if len(self.classifier) != self._num_task_heads(self.config.num_tasks):
             raise ValueError(
                 f"The classifier has {len(self.classifier)} heads for {self.config.num_tasks} tasks: change tasks "
                 "with the classifier's `reset_tasks` / `add_tasks`, which give each task its head, not with "
@@ -1033,11 +1040,11 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             output_routing=output_routing,
             num_function_iterations=num_function_iterations,
             disabled_functions=disabled_functions,
-            return_dict=True,
+            check_finite=False,
         )
         pooled = outputs.pooler_output  # (B, T, d)
         samples = torch.arange(pooled.shape[0], device=pooled.device)
-        task_ids = _resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
+        task_ids = resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
         own_token = pooled[samples, task_ids]  # (B, d)
         if len(self.classifier) == 1:
             logits = self.classifier[0](own_token)
@@ -1046,18 +1053,10 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             logits = all_logits[samples, task_ids]
         labels = None if labels is None else torch.as_tensor(labels)
         if self.checks_finite:
-            check_forward(
-                self,
-                {"pixel_values": pixel_values, "labels": labels},
-                {"logits": logits},
-                self.neural_interpreter.routing_peak,
-            )
-        loss = None if labels is None else classification_loss(logits, labels, self.config)
-        if not return_dict:
-            extra = (outputs.hidden_states, outputs.attentions, outputs.compatibilities, outputs.types)
-            return tuple(v for v in (loss, logits, *extra) if v is not None)
+            inputs = {"pixel_values": pixel_values, "labels": labels}
+            check_forward(self, inputs, {"logits": logits}, outputs.routing_peak)
         return NeuralInterpreterImageClassifierOutput(
-            loss=loss,
+            loss=None if labels is None else classification_loss(logits, labels, self.config),
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -1071,6 +1070,8 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
 
     main_input_name = "inputs"
     input_modalities = ("text",)
+    # Checkpoints written before the backbone could be built without one hold a (frozen, unused) patch embedding.
+    _keys_to_ignore_on_load_unexpected = [r"neural_interpreter\.patch_embedding\.(weight|bias)"]
 
     def __init__(self, config: NeuralInterpreterConfig) -> None:
         if config.use_relative_positional_bias:
@@ -1083,12 +1084,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         d = config.hidden_size
         self.input_projection = nn.Linear(1, d)
         self.input_position_embeddings = nn.Parameter(torch.empty(config.num_input_variables, d))
-        self.neural_interpreter = NeuralInterpreterModel(config)
-        self.neural_interpreter.checks_finite = False  # checked with the head's tensors, in one sync
-        self.checks_finite = True
-        # The backbone's patch embedding is never read by sets; frozen, it stays out of optimizers and DDP.
-        self.neural_interpreter.reads_patches = False
-        self.neural_interpreter.apply_freezing()
+        self.neural_interpreter = NeuralInterpreterModel(config, add_patch_embedding=False)
         self.regressor = TaskHead(d, 1, config.layer_norm_eps)
         self.post_init()
 
@@ -1105,6 +1101,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
             # Learned positional embeddings: N(0, std), std 1.0 by default as the reference's (GPT-2's is 0.02).
             init.normal_(module.input_position_embeddings, std=self.config.input_position_embedding_std)
 
+    @can_return_tuple
     def forward(
         self,
         inputs: torch.Tensor | None = None,
@@ -1113,51 +1110,39 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         output_routing: bool = False,
         num_function_iterations: int | Sequence[int] | None = None,
         disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
-        return_dict: bool | None = None,
         output_attentions: bool | None = None,
-    ) -> NeuralInterpreterSetRegressionOutput | tuple:
+    ) -> NeuralInterpreterSetRegressionOutput:
         r"""Predictions (B, T) from inputs (B, num_input_variables); MSE loss against labels (B, T)."""
-        c = self.config
-        return_dict = c.return_dict if return_dict is None else return_dict
+        config = self.config
         check_tensor("inputs", inputs, "the input variables' values")
-        if inputs.dim() != 2 or inputs.shape[1] != c.num_input_variables:
+        if inputs.dim() != 2 or inputs.shape[1] != config.num_input_variables:
             raise ValueError(
-                f"`inputs` must have shape (batch, {c.num_input_variables}), got {tuple(inputs.shape)}."
+                f"`inputs` must have shape (batch, {config.num_input_variables}), got {tuple(inputs.shape)}."
             )
         embeds = self.input_projection(inputs.to(self.input_projection.weight.dtype).unsqueeze(-1))
-        every_loc = c.input_position_embedding_placement == "every_loc"
-        if not every_loc:
-            embeds = embeds + self.input_position_embeddings
+        every_loc = config.input_position_embedding_placement == "every_loc"
         outputs = self.neural_interpreter(
-            inputs_embeds=embeds,
+            inputs_embeds=embeds if every_loc else embeds + self.input_position_embeddings,
             loc_position_embeddings=self.input_position_embeddings if every_loc else None,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             output_routing=output_routing,
             num_function_iterations=num_function_iterations,
             disabled_functions=disabled_functions,
-            return_dict=True,
+            check_finite=False,
         )
         predictions = self.regressor(outputs.pooler_output).squeeze(-1)  # (B, T)
         if self.checks_finite:
-            check_forward(
-                self,
-                {"inputs": inputs, "labels": labels},
-                {"predictions": predictions},
-                self.neural_interpreter.routing_peak,
+            inputs_and_labels = {"inputs": inputs, "labels": labels}
+            check_forward(self, inputs_and_labels, {"predictions": predictions}, outputs.routing_peak)
+        if labels is not None and labels.shape != predictions.shape:
+            raise ValueError(
+                f"`labels` must have shape (batch, num_tasks) = {tuple(predictions.shape)}, got {tuple(labels.shape)}."
             )
-        loss = None
-        if labels is not None:
-            if labels.shape != predictions.shape:
-                raise ValueError(
-                    f"`labels` must have shape (batch, num_tasks) = {tuple(predictions.shape)}, got {tuple(labels.shape)}."
-                )
-            loss = F.mse_loss(predictions.float(), labels.to(predictions.device).float())
-        if not return_dict:
-            extra = (outputs.hidden_states, outputs.attentions, outputs.compatibilities, outputs.types)
-            return tuple(v for v in (loss, predictions, *extra) if v is not None)
         return NeuralInterpreterSetRegressionOutput(
-            loss=loss,
+            loss=None
+            if labels is None
+            else F.mse_loss(predictions.float(), labels.to(predictions.device).float()),
             predictions=predictions,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -1168,6 +1153,7 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "FunctionIteration",
     "LineOfCode",
     "ModLin",
     "ModMLP",
@@ -1181,6 +1167,8 @@ __all__ = [
     "NeuralInterpreterScript",
     "NeuralInterpreterSetRegressionOutput",
     "eager_attention",
-    "patchify",
+    "eager_line_of_code",
+    "line_of_code_function",
     "sdpa_attention",
+    "sdpa_line_of_code",
 ]
