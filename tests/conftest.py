@@ -6,6 +6,7 @@ import torch
 from ni_hf import (
     NeuralInterpreterConfig,
     NeuralInterpreterForImageClassification,
+    NeuralInterpreterForMultipleChoice,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterModel,
 )
@@ -42,6 +43,25 @@ class NeuralInterpreterModelTester:
 
     def get_config(self, **overrides) -> NeuralInterpreterConfig:
         return NeuralInterpreterConfig(**{**self.settings, **overrides})
+
+    def get_pgm_config(self, **overrides) -> NeuralInterpreterConfig:
+        """A tiny multiple-choice config: 16 x 16 panels through 2 stride-2 convolutions, no positional bias."""
+        pgm = dict(
+            use_relative_positional_bias=False,
+            task_names=["pgm"],
+            num_labels=1,
+            panel_size=16,
+            panel_cnn_channels=4,
+            panel_cnn_layers=2,
+        )
+        return self.get_config(**{**pgm, **overrides})
+
+    def prepare_pgm_inputs(self, config: NeuralInterpreterConfig) -> dict[str, torch.Tensor]:
+        b, s = self.batch_size, config.panel_size
+        return {
+            "pixel_values": torch.randn(b, config.num_panels, config.panel_channels, s, s),
+            "labels": torch.arange(b) % config.num_choices,
+        }
 
     def prepare_inputs(self, config: NeuralInterpreterConfig) -> dict[str, torch.Tensor]:
         b = self.batch_size
@@ -80,6 +100,18 @@ class NeuralInterpreterModelTester:
         out = model(inputs=x, labels=y)
         assert out.predictions.shape == (self.batch_size, config.num_tasks)
         assert torch.isfinite(out.loss)
+
+    def create_and_check_for_multiple_choice(self, config: NeuralInterpreterConfig) -> None:
+        model = NeuralInterpreterForMultipleChoice(config).eval()
+        out = model(**self.prepare_pgm_inputs(config), output_routing=True)
+        assert out.logits.shape == (self.batch_size, config.num_choices)
+        assert out.loss.ndim == 0 and torch.isfinite(out.loss)
+        set_size = 1 + config.num_context_panels + 1  # CLS, the context panels, one candidate
+        assert out.compatibilities[0].shape == (
+            self.batch_size * config.num_choices,
+            config.num_functions,
+            set_size,
+        )
 
 
 @pytest.fixture

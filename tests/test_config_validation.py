@@ -1,9 +1,12 @@
-"""Config validation: task names, overrides given to `from_pretrained`, types of settings, preset labels."""
+"""Config validation: task names, overrides given to `from_pretrained`, types of settings, assignment, model types,
+presets and their labels."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
+import inspect
 import json
 import logging
 import re
@@ -14,12 +17,16 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoConfig, AutoModelForImageClassification, pipeline
+from transformers import AutoConfig, AutoModelForImageClassification, ViTConfig, pipeline
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging as hf_logging
 
 import ni_hf
-from ni_hf.models.multitask_vit import configuration_multitask_vit
+from ni_hf.models.multitask_vit import configuration_multitask_vit, modeling_multitask_vit
 from ni_hf.models.multitask_vit.configuration_multitask_vit import MultiTaskViTConfig
+from ni_hf.models.neural_interpreter import configuration_neural_interpreter, input_checks
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import (
+    ARCHITECTURE_FIELDS,
     PAPER_PRESETS,
     NeuralInterpreterConfig,
     validate_task_names,
@@ -50,7 +57,7 @@ CONFIGS = {NeuralInterpreterConfig: NI_SETTINGS, MultiTaskViTConfig: VIT_SETTING
 BOTH = pytest.mark.parametrize("config_class", list(CONFIGS), ids=["ni", "vit"])
 TASK_NAME_VALIDATORS = pytest.mark.parametrize(
     "check",
-    [validate_task_names, getattr(configuration_multitask_vit, "_validate_task_names", None)],
+    [validate_task_names, modeling_multitask_vit.validate_task_names],
     ids=["ni", "vit"],
 )
 
@@ -147,7 +154,6 @@ def test_task_names_none_means_one_default_task_and_a_tuple_becomes_a_list(confi
 
 @TASK_NAME_VALIDATORS
 def test_validate_task_names_returns_a_new_list_of_names(check):
-    assert check is not None, "configuration_multitask_vit has no _validate_task_names"
     names = ["mnist", "svhn"]
     result = check(names)
     assert result == names and result is not names
@@ -169,19 +175,27 @@ def test_validate_task_names_returns_a_new_list_of_names(check):
     ],
 )
 def test_validate_task_names_refuses(check, names, message):
-    assert check is not None, "configuration_multitask_vit has no _validate_task_names"
     with pytest.raises(ValueError, match=rf"`task_names`.*{message}"):
         check(names)
 
 
-def test_multitask_vit_config_module_does_not_import_the_neural_interpreter_modules():
-    """A ViT checkpoint's copied remote code must stay self-contained."""
+def test_multitask_vit_config_module_imports_only_what_its_checkpoint_copies():
+    """A ViT checkpoint's copied remote code holds its config, its modeling file and input_checks.py."""
     tree = ast.parse(Path(configuration_multitask_vit.__file__).read_text())
     modules = [
         alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
     ] + [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert not any("neural_interpreter" in module or module.startswith("ni_hf") for module in modules)
-    assert callable(getattr(configuration_multitask_vit, "_validate_task_names", None))
+    relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+    assert relative == {"input_checks"}
+
+
+def test_both_configs_share_one_copy_of_their_checks():
+    vit_checks = Path(inspect.getsourcefile(configuration_multitask_vit.check_task_names)).resolve()
+    assert vit_checks == Path(input_checks.__file__).resolve()
+    for module in (configuration_neural_interpreter, configuration_multitask_vit):
+        source = Path(module.__file__).read_text()
+        assert "def validate_task_names" not in source and "PRETRAINED_CONFIG_KEYS" not in source
 
 
 # --- overrides given to from_pretrained ---------------------------------------------------------------------
@@ -269,7 +283,7 @@ def test_float_settings_must_be_real_numbers(name, value):
     "name, value",
     [("truncation_tau", "1.4"), ("sigma_init", "1"), ("hidden_dropout_prob", "0.1"), ("kernel_eps", "x")],
 )
-def test_audited_float_settings_give_a_value_error_naming_them(name, value):
+def test_float_settings_given_as_strings_give_a_value_error_naming_them(name, value):
     with pytest.raises(ValueError, match=rf"`{name}`.*got {re.escape(repr(value))}"):
         tiny(NeuralInterpreterConfig, **{name: value})
 
@@ -460,7 +474,9 @@ def test_a_config_changed_in_place_is_refused_when_a_model_is_built(config_class
         (MultiTaskViTConfig, "classifier"): ni_hf.MultiTaskViTForImageClassification,
     }[config_class, model_name]
     config = tiny(config_class)
-    config.default_task = 7  # plain attribute assignment runs no validator
+    config.default_task = (
+        7  # an int, so assignment takes it: whether it indexes task_names is checked across settings
+    )
     with pytest.raises(ValueError, match=r"`default_task` must index `task_names` \(0..2\), got 7"):
         model_class(config)
 
@@ -468,15 +484,21 @@ def test_a_config_changed_in_place_is_refused_when_a_model_is_built(config_class
 def test_a_neural_interpreter_config_changed_in_place_is_refused_by_validate_and_save(tmp_path):
     config = tiny(NeuralInterpreterConfig)
     config.validate()
-    config.update({"num_functions": 0})
     with pytest.raises(ValueError, match=r"`num_functions` must be a positive integer, got 0"):
+        config.update({"num_functions": 0})
+    assert config.num_functions == 3
+    config.num_attention_heads = 5  # a positive int, but 32 features do not split over 5 heads
+    message = r"`hidden_size` \(32\) must be divisible by `num_attention_heads` \(5\)"
+    with pytest.raises(ValueError, match=message):
         config.validate()
-    with pytest.raises(ValueError, match=r"`num_functions` must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match=message):
+        config.validate_neural_interpreter()
+    with pytest.raises(ValueError, match=message):
         config.save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()
 
 
-# --- unknown keys and label counts (issue 57, item 3) --------------------------------------------------------
+# --- unknown keys and label counts -------------------------------------------------------------------------
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint_687f283"
 # Keys that config.json files written by transformers 4.x hold besides a model's own settings.
@@ -541,9 +563,6 @@ def test_keys_that_transformers_writes_in_config_files_still_load(config_class, 
 def test_a_config_file_with_an_unknown_key_loads_with_a_warning_naming_it(config_class, tmp_path):
     """A config.json may hold attributes set on a config at run time (transformers' own tests set
     `layer_norm_epsilon` and the like before saving): loading warns, naming the closest setting."""
-    from transformers.testing_utils import CaptureLogger
-    from transformers.utils import logging as hf_logging
-
     tiny(config_class).save_pretrained(tmp_path)
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "hiden_size": 7}))
@@ -559,6 +578,7 @@ def test_a_config_file_with_an_unknown_key_loads_with_a_warning_naming_it(config
 def test_the_checkpoint_fixtures_configs_still_load(name):
     config = NeuralInterpreterConfig.from_pretrained(FIXTURES / name)
     assert config.architectures and config.auto_map
+    assert (config.panel_size, config.panel_cnn_layers) == (80, 4)  # settings the files predate: the defaults
 
 
 @BOTH
@@ -569,16 +589,263 @@ def test_num_labels_must_be_a_positive_integer(config_class, value):
 
 
 @BOTH
-def test_num_labels_set_to_zero_in_place_is_refused_by_validate(config_class):
+def test_num_labels_set_to_zero_in_place_is_refused(config_class):
     config = tiny(config_class)
-    config.num_labels = 0
-    validate = config.validate_tasks if config_class is MultiTaskViTConfig else config.validate
     with pytest.raises(ValueError, match=r"`num_labels` must be a positive integer.*got 0"):
-        validate()
+        config.num_labels = 0
+    assert config.num_labels == 10 and len(config.id2label) == 10
+    config.id2label = {}  # no labels left: only the check across settings sees it
+    for validate in (config.validate, config.validate_tasks):
+        with pytest.raises(ValueError, match=r"`num_labels` must be a positive integer.*got 0"):
+            validate()
 
 
-def test_both_configs_know_the_same_transformers_keys():
-    """The ViT config module keeps a copy (it may not import the Neural Interpreter's)."""
-    from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PRETRAINED_CONFIG_KEYS
+# --- assignment -------------------------------------------------------------------------------------------
 
-    assert configuration_multitask_vit._PRETRAINED_CONFIG_KEYS == PRETRAINED_CONFIG_KEYS
+ASSIGNMENTS = [
+    ("hidden_size", 0, r"`hidden_size` must be a positive integer, got 0"),
+    ("num_functions", 2.0, r"`num_functions` must be a positive integer, got 2.0"),
+    ("panel_size", -80, r"`panel_size` must be a positive integer, got -80"),
+    ("panel_cnn_layers", True, r"`panel_cnn_layers` must be a positive integer, got True"),
+    ("freeze_codes", "yes", r"`freeze_codes` must be True or False, got 'yes'"),
+    ("truncation_tau", "1.4", r"`truncation_tau` must be a finite real number.*got '1.4'"),
+    ("truncation_tau", 5.0, r"`truncation_tau` must lie in \[0, 2\).*got 5.0"),
+    ("kernel_eps", 0.0, r"`kernel_eps` must be > 0, got 0.0"),
+    ("sigma_init", float("inf"), r"`sigma_init` must be a finite real number.*got inf"),
+    ("hidden_dropout_prob", 1.0, r"`hidden_dropout_prob` must lie in \[0, 1\), got 1.0"),
+    ("input_position_embedding_std", -1, r"`input_position_embedding_std` must be >= 0, got -1"),
+    ("initializer_range", 0, r"`initializer_range` must be None or > 0, got 0"),
+    (
+        "input_position_embedding_placement",
+        "everywhere",
+        r"`input_position_embedding_placement` must be one of",
+    ),
+    ("num_function_iterations", [2, 0], r"`num_function_iterations` must be .*got \[2, 0\]"),
+    ("task_names", "ab", r"`task_names` must be a list of names, got the string 'ab'"),
+    ("task_names", ["a", "a"], r"`task_names` must be distinct"),
+    ("default_task", True, r"`default_task` must be an integer index of `task_names`, got True"),
+    ("num_labels", 0, r"`num_labels` must be a positive integer.*got 0"),
+]
+
+
+@pytest.mark.parametrize("name, value, message", ASSIGNMENTS, ids=[f"{n}={v!r}" for n, v, _ in ASSIGNMENTS])
+def test_a_bad_value_assigned_is_refused_by_name_and_leaves_the_config_unchanged(
+    tester, name, value, message
+):
+    config = tester.get_config()
+    before = config.to_dict()
+    with pytest.raises(ValueError, match=message):
+        setattr(config, name, value)
+    assert config.to_dict() == before
+    with pytest.raises(ValueError, match=message):  # the same message as at construction
+        tester.get_config(**{name: value})
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("task_names", [], r"`task_names` must name at least one task"),
+        ("default_task", 1.0, r"`default_task` must be an integer index of `task_names`, got 1.0"),
+        ("num_labels", -1, r"`num_labels` must be a positive integer.*got -1"),
+        ("hidden_size", "32", r"'hidden_size' expected int"),  # ViTConfig's own field, typed by transformers
+    ],
+)
+def test_a_bad_value_assigned_to_a_multitask_vit_config_is_refused_by_name(name, value, message):
+    config = tiny(MultiTaskViTConfig)
+    before = config.to_dict()
+    with pytest.raises((ValueError, TypeError), match=message):
+        setattr(config, name, value)
+    assert config.to_dict() == before
+
+
+@BOTH
+def test_assigned_task_names_take_the_constructors_form(config_class):
+    config = tiny(config_class)
+    config.task_names = ("x", "y")
+    assert config.task_names == ["x", "y"] and type(config.task_names) is list
+    config.task_names = None
+    assert config.task_names == ["default"] and config.num_tasks == 1
+
+
+def test_good_values_assigned_take_effect_and_save(tester, tmp_path):
+    config = tester.get_config()
+    config.truncation_tau, config.kernel_eps, config.num_function_iterations = 1.5, 1e-3, [3, 1]
+    config.save_pretrained(tmp_path)
+    loaded = NeuralInterpreterConfig.from_pretrained(tmp_path)
+    assert (loaded.truncation_tau, loaded.kernel_eps, loaded.iterations_per_script) == (1.5, 1e-3, [3, 1])
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            dict(num_attention_heads=3),
+            r"`hidden_size` \(16\) must be divisible by `num_attention_heads` \(3\)",
+        ),
+        (dict(patch_size=3), r"`patch_size` \(3\) must divide `image_size` \(8\)"),
+        (dict(num_scripts=3), r"`num_function_iterations` must be .*\(num_scripts=3\), got \[2, 1\]"),
+        (dict(default_task=2), r"`default_task` must index `task_names` \(0..1\), got 2"),
+    ],
+)
+def test_an_edit_that_breaks_a_rule_across_settings_is_refused_by_validate_and_save(
+    tester, tmp_path, edit, message
+):
+    config = tester.get_config()
+    config.update(edit)  # each value is fine on its own
+    for check in (config.validate, config.validate_neural_interpreter):
+        with pytest.raises(ValueError, match=message):
+            check()
+    with pytest.raises(ValueError, match=message):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_a_task_list_edited_in_place_is_refused_by_validate(tester):
+    config = tester.get_config()
+    config.task_names.append("a")
+    with pytest.raises(ValueError, match=r"`task_names` must be distinct, got \['a'\]"):
+        config.validate()
+
+
+def test_architecture_fields_name_settings_of_the_config(tester):
+    config = tester.get_config()
+    fields = {field.name for field in dataclasses.fields(NeuralInterpreterConfig)}
+    assert set(ARCHITECTURE_FIELDS) <= fields | {"num_labels"}
+    assert len(set(ARCHITECTURE_FIELDS)) == len(ARCHITECTURE_FIELDS)
+    assert {"num_functions", "hidden_size", "num_labels", "task_names", "panel_cnn_layers"} <= set(
+        ARCHITECTURE_FIELDS
+    )
+    assert not {"truncation_tau", "num_function_iterations", "kernel_eps"} & set(ARCHITECTURE_FIELDS)
+    assert all(getattr(config, name) is not None for name in ARCHITECTURE_FIELDS)
+
+
+@BOTH
+def test_the_settings_are_the_dataclass_fields_and_the_init_arguments(config_class):
+    """What the example scripts read to list a config's own arguments."""
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    arguments = set(inspect.signature(config_class.__init__).parameters) - {"self"}
+    assert arguments == fields and {"task_names", "default_task", "hidden_size"} <= fields
+
+
+# --- another model's config -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config_class, model_type, expected_class",
+    [
+        (NeuralInterpreterConfig, "vit", "ViTConfig"),
+        (NeuralInterpreterConfig, "ni_multitask_vit", "MultiTaskViTConfig"),
+        (NeuralInterpreterConfig, "no_such_model", "trust_remote_code=True"),
+        (MultiTaskViTConfig, "vit", "ViTConfig"),
+        (MultiTaskViTConfig, "neural_interpreter", "NeuralInterpreterConfig"),
+        (MultiTaskViTConfig, "no_such_model", "trust_remote_code=True"),
+    ],
+)
+def test_a_config_dict_of_another_model_type_is_refused_naming_both_types_and_the_class_to_use(
+    config_class, model_type, expected_class
+):
+    config_dict = {**tiny(config_class).to_dict(), "model_type": model_type}
+    message = (
+        rf"{config_class.__name__} reads configs of model_type '{config_class.model_type}', got one of model_type "
+        rf"'{model_type}': .*{re.escape(expected_class)}"
+    )
+    with pytest.raises(ValueError, match=message):
+        config_class.from_dict(config_dict)
+
+
+@BOTH
+def test_from_pretrained_refuses_a_folder_holding_another_models_config(config_class, saved, tmp_path):
+    ViTConfig(hidden_size=32, num_attention_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"got one of model_type 'vit': read it with ViTConfig"):
+        config_class.from_pretrained(tmp_path)
+    other = saved[MultiTaskViTConfig if config_class is NeuralInterpreterConfig else NeuralInterpreterConfig]
+    with pytest.raises(ValueError, match=rf"reads configs of model_type '{config_class.model_type}'"):
+        config_class.from_pretrained(other)
+    assert type(AutoConfig.from_pretrained(other)) is not config_class  # the Auto class still picks by type
+
+
+# --- the PGM preset ---------------------------------------------------------------------------------------
+
+# The paper's appendix "Abstract Reasoning with PGMs": (tau, d_type, frozen signatures) per regime.
+PGM_SELECTION = {
+    "neutral": (1.62, 20, False),
+    "interpolation": (1.62, 20, False),
+    "attrs.pairs": (1.40, 32, True),
+    "attr.rel.pairs": (1.66, 24, False),
+    "attr.rels": (1.42, 24, True),
+    "extrapolation": (1.42, 24, True),
+    "attrs.shape.color": (1.62, 20, False),
+    "attrs.line.type": (1.62, 20, False),
+}
+PGM_CONSTANTS = dict(
+    hidden_size=192,
+    code_dim=192,
+    num_scripts=2,
+    num_function_iterations=8,
+    num_loc_layers=1,
+    num_functions=5,
+    num_attention_heads=4,
+    attention_head_size=32,
+    type_inference_depth=2,
+    type_inference_hidden_size=192,
+    freeze_codes=False,
+    use_relative_positional_bias=False,
+    num_labels=1,
+    num_context_panels=8,
+    num_choices=8,
+    panel_size=80,
+    panel_channels=1,
+    panel_cnn_channels=32,
+    panel_cnn_layers=4,
+)
+
+
+@pytest.mark.parametrize("regime", list(PGM_SELECTION))
+def test_pgm_preset_has_the_papers_constants_and_each_regimes_selection(regime):
+    config = NeuralInterpreterConfig.from_paper("pgm", regime=regime)
+    assert {name: getattr(config, name) for name in PGM_CONSTANTS} == PGM_CONSTANTS
+    assert (config.truncation_tau, config.type_dim, config.freeze_signatures) == PGM_SELECTION[regime]
+    assert config.iterations_per_script == [8, 8] and config.num_panels == 16
+
+
+def test_pgm_preset_defaults_to_the_neutral_regime_and_takes_overrides():
+    default = NeuralInterpreterConfig.from_paper("pgm")
+    assert default.to_dict() == NeuralInterpreterConfig.from_paper("pgm", regime="neutral").to_dict()
+    config = NeuralInterpreterConfig.from_paper(
+        "pgm", regime="attrs.pairs", truncation_tau=1.5, panel_size=160
+    )
+    assert (config.truncation_tau, config.type_dim, config.panel_size) == (1.5, 32, 160)
+
+
+@pytest.mark.parametrize(
+    "regime, warned", [("attrs.line.type", True), ("attrs.shape.color", True), ("neutral", False)]
+)
+def test_pgm_regimes_the_paper_leaves_out_say_they_get_the_neutral_selection(regime, warned):
+    with CaptureLogger(hf_logging.get_logger(configuration_neural_interpreter.__name__)) as captured:
+        NeuralInterpreterConfig.from_paper("pgm", regime=regime)
+    assert (f"no hyper-parameters for the PGM regime {regime!r}; using the neutral" in captured.out) is warned
+
+
+def test_pgm_preset_refuses_an_unknown_regime_naming_the_valid_ones():
+    with pytest.raises(
+        ValueError, match=r"Unknown PGM regime 'held_out'; expected one of \['neutral', .*'attrs.pairs'"
+    ):
+        NeuralInterpreterConfig.from_paper("pgm", regime="held_out")
+
+
+@pytest.mark.parametrize("name", ["digits", "fuzzy_boolean"])
+def test_regime_is_refused_by_the_other_presets(name):
+    with pytest.raises(
+        ValueError, match=rf"`regime` applies to the 'pgm' preset only, got regime='neutral' for '{name}'"
+    ):
+        NeuralInterpreterConfig.from_paper(name, regime="neutral")
+
+
+@pytest.mark.parametrize(
+    "panel_size, layers, side", [(80, 4, 5), (81, 4, 6), (160, 4, 10), (1, 4, 1), (8, 1, 4), (7, 3, 1)]
+)
+def test_panel_cnn_feature_size_is_the_panel_side_halved_per_layer_rounding_up(
+    tester, panel_size, layers, side
+):
+    config = tester.get_config(panel_size=panel_size, panel_cnn_layers=layers, panel_cnn_channels=3)
+    assert config.panel_feature_size == side and config.panel_feature_dim == 3 * side**2

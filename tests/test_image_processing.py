@@ -402,17 +402,6 @@ def test_boolean_array_reads_as_black_and_white_like_pil_mode_1(
     assert expected.max() == 1.0 and expected.min() == -1.0
 
 
-def test_sixteen_bit_values_are_flagged(processor: NeuralInterpreterImageProcessor) -> None:
-    from transformers.testing_utils import CaptureLogger
-    from transformers.utils import logging
-
-    logger = logging.get_logger("ni_hf.models.neural_interpreter.image_processing_neural_interpreter")
-    logger.warning_once.cache_clear()  # the other backend's run may have said it already
-    with CaptureLogger(logger) as captured:
-        processor(images=np.full((32, 32), 60000, dtype=np.uint16), return_tensors="np")
-    assert "above 255" in captured.out
-
-
 def test_mixed_sizes_without_resizing_name_the_way_out(processor: NeuralInterpreterImageProcessor) -> None:
     images = [np.zeros((32, 32, 3), dtype=np.uint8), np.zeros((16, 16, 3), dtype=np.uint8)]
     with pytest.raises(ValueError, match="do_resize=True"):
@@ -429,9 +418,9 @@ def test_non_finite_pixels_are_refused_naming_the_image(
 ) -> None:
     images = [np.full((32, 32, 3), 128.0, dtype=np.float32) for _ in range(3)]
     images[2][5, 7, 1] = bad
-    with pytest.raises(ValueError, match="Image 2 contains NaN or infinite values"):
+    with pytest.raises(ValueError, match=r"Image 2 \(float32\) contains NaN or infinite values"):
         processor(images=images, return_tensors="pt")
-    with pytest.raises(ValueError, match="Image 0 contains NaN"):
+    with pytest.raises(ValueError, match=r"Image 0 \(torch.float32\) contains NaN"):
         processor(images=torch.from_numpy(images[2]).permute(2, 0, 1), return_tensors="pt")
 
 
@@ -467,9 +456,7 @@ def test_auto_image_processor_maps_each_backend_to_its_processor() -> None:
 def test_auto_image_processor_picks_the_backend_transformers_would_without_a_fallback_warning(
     tmp_path: Path,
 ) -> None:
-    """torchvision where it is installed, else PIL; the other backend on request, or an error naming torchvision.
-
-    Before the torchvision processor existed, every load on a machine with torchvision warned and fell back."""
+    """torchvision where it is installed, else PIL; the other backend on request, or an error naming torchvision."""
     NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(tmp_path)
     loaded, logged = fallback_warnings(lambda: AutoImageProcessor.from_pretrained(tmp_path))
     expected = BACKENDS["torchvision" if is_torchvision_available() else "pil"]
@@ -557,7 +544,7 @@ def test_torchvision_processor_works_on_the_gpu() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# High bit depths, RGBA arrays and do_convert_rgb=False (issue 57, items 2 and 13)
+# High bit depths, RGBA arrays and do_convert_rgb=False
 # ----------------------------------------------------------------------------------------------------------
 
 PLAIN = {"do_patchify": False, "do_normalize": False, "return_tensors": "np"}  # (C, H, W) in [0, 1]
@@ -643,3 +630,173 @@ def test_do_convert_rgb_false_keeps_the_channels(processor, channels: int, kind:
     assert out.shape == (1, 64, 4 * 4 * channels)
     plain = processor(image, do_convert_rgb=False, **PLAIN, **stats)["pixel_values"][0]
     np.testing.assert_allclose(plain, array.transpose(2, 0, 1) / 255, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Arrays of every dtype: as the equivalent PIL image, or refused by name
+# ----------------------------------------------------------------------------------------------------------
+
+UNIT = (np.arange(20 * 28).reshape(20, 28) / 1024).astype(np.float32)  # in [0, 0.55), exact in float32
+GRADIENT_16_BIT = (np.arange(20 * 28).reshape(20, 28) * 117).astype(np.uint16)  # 0..65403
+
+
+def pil_from(array: np.ndarray) -> PIL.Image.Image:
+    """The PIL image of a 2-D array's values: "1" for bool, "L" for uint8, "I;16" for uint16, "I", or "F"."""
+    if array.dtype == np.bool_:
+        return PIL.Image.fromarray(array.astype(np.uint8) * 255).convert("1")
+    if array.dtype == np.uint8:
+        return PIL.Image.fromarray(array, "L")
+    if array.dtype == np.uint16:
+        return pil_image(array, "I;16")
+    return pil_image(array, "F" if np.issubdtype(array.dtype, np.floating) else "I")
+
+
+# (array, the values of its PIL equivalent): 20 x 28 images, so that resizing to 32 x 32 runs too.
+ARRAYS_AND_THEIR_PIL_IMAGES = {
+    "bool": (GRAY32[:20, :28] > 127, GRAY32[:20, :28] > 127),
+    "uint8": (GRAY32[:20, :28], GRAY32[:20, :28]),
+    "uint16 of 12 bits": (GRADIENT_12_BIT[:20, :28], GRADIENT_12_BIT[:20, :28]),
+    "uint16 of 16 bits": (GRADIENT_16_BIT, GRADIENT_16_BIT),
+    "uint16 of 8 bits": (GRAY32[:20, :28].astype(np.uint16), GRAY32[:20, :28]),
+    "int32 of 12 bits": (
+        GRADIENT_12_BIT[:20, :28].astype(np.int32),
+        GRADIENT_12_BIT[:20, :28].astype(np.int32),
+    ),
+    "int64 of 8 bits": (GRAY32[:20, :28].astype(np.int64), GRAY32[:20, :28]),
+    "int16 of 12 bits": (
+        GRADIENT_12_BIT[:20, :28].astype(np.int16),
+        GRADIENT_12_BIT[:20, :28].astype(np.int32),
+    ),
+    "uint32 of 16 bits": (GRADIENT_16_BIT.astype(np.uint32), GRADIENT_16_BIT),
+    "float32 in [0, 1]": (UNIT, UNIT),
+    "float32 of 8-bit levels": (UNIT * 255, UNIT * 255),
+    "float32 of 16-bit range": (UNIT * 65535, UNIT * 65535),
+    "float64 in [0, 1]": (UNIT.astype(np.float64), UNIT),
+    "float16 of 8-bit levels": (
+        (UNIT * 255).astype(np.float16),
+        (UNIT * 255).astype(np.float16).astype(np.float32),
+    ),
+    "torch bool": (torch.from_numpy(GRAY32[:20, :28] > 127), GRAY32[:20, :28] > 127),
+    "torch uint16": (torch.from_numpy(GRADIENT_12_BIT[:20, :28].copy()), GRADIENT_12_BIT[:20, :28]),
+    "torch int32": (torch.from_numpy(GRADIENT_12_BIT[:20, :28].astype(np.int32)), GRADIENT_12_BIT[:20, :28]),
+    "torch float32 in [0, 1]": (torch.from_numpy(UNIT), UNIT),
+    "torch bfloat16 of 8-bit levels": (
+        torch.from_numpy(GRAY32[:20, :28].astype(np.float32)).to(torch.bfloat16),  # exact: 8 significant bits
+        GRAY32[:20, :28].astype(np.float32),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ARRAYS_AND_THEIR_PIL_IMAGES))
+def test_arrays_give_the_pixel_values_of_their_pil_image(processor, name: str) -> None:
+    array, pil_values = ARRAYS_AND_THEIR_PIL_IMAGES[name]
+    expected = processor(pil_from(np.asarray(pil_values)), return_tensors="np")["pixel_values"]
+    np.testing.assert_array_equal(processor(array, return_tensors="np")["pixel_values"], expected)
+
+
+def test_an_rgb_array_of_16_bit_levels_reads_on_its_range() -> None:
+    """No PIL mode holds 16-bit RGB: the brightest channel sets the range, as for one channel."""
+    rgb = np.stack([GRADIENT_16_BIT, GRADIENT_16_BIT // 2, GRADIENT_16_BIT // 4], axis=-1)
+    out = NeuralInterpreterImageProcessor()(rgb, do_resize=False, **PLAIN)["pixel_values"][0]
+    np.testing.assert_allclose(out, rgb.transpose(2, 0, 1) / 65535, atol=1e-6)
+
+
+REFUSED_ARRAYS = {
+    "negative int32": (
+        np.full((28, 28, 3), -50, np.int32),
+        r"Image 0 \(int32\) has values in \[-50.0, -50.0\]: ",
+    ),
+    "int8": (
+        np.full((28, 28), 3, np.int8),
+        r"Image 0 \(int8\) has values in \[3.0, 3.0\]: int8 is not a pixel",
+    ),
+    "negative torch int32": (
+        torch.full((3, 28, 28), -50, dtype=torch.int32),
+        r"Image 0 \(torch.int32\) has values in \[-50.0, -50.0\]: expected values from 0",
+    ),
+    "torch int8": (
+        torch.zeros(28, 28, dtype=torch.int8),
+        r"Image 0 \(torch.int8\) .*int8 is not a pixel type",
+    ),
+    "complex": (np.ones((28, 28), np.complex64), r"Image 0 \(complex64\) has no real pixel values"),
+    "torch complex": (
+        torch.ones(28, 28, dtype=torch.complex64),
+        r"\(torch.complex64\) has no real pixel values",
+    ),
+    "object": (np.full((28, 28), None, object), r"Image 0 \(object\) has no real pixel values"),
+    "negative floats": (
+        np.full((28, 28), -1.0, np.float32),
+        r"\(float32\) has values in \[-1.0, -1.0\].*do_rescale=False",
+    ),
+    "uint64 above 32 bits": (
+        np.full((28, 28), 2**40, np.uint64),
+        r"\(uint64\) has values in .*at most 4294967295",
+    ),
+    "NaN among images": ([GRAY32, np.full((28, 28), np.nan)], r"Image 1 \(float64\) contains NaN"),
+    "negative 32-bit PIL image": (
+        pil_image(np.full((8, 8), -5), "I"),
+        r"PIL image 0 in mode 'I' has values in",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_ARRAYS))
+def test_arrays_without_a_pil_image_are_refused_naming_their_dtype_and_range(processor, name: str) -> None:
+    images, match = REFUSED_ARRAYS[name]
+    with pytest.raises(ValueError, match=match):
+        processor(images)
+
+
+def test_do_rescale_false_takes_floats_as_they_are_but_still_refuses_negative_integers(processor) -> None:
+    """Values already on the model's scale, negative included; integers below 0 are no pixels either way."""
+    out = processor(
+        np.full((32, 32), -0.5, np.float32), do_rescale=False, do_normalize=False, do_patchify=False
+    )
+    np.testing.assert_array_equal(out["pixel_values"][0], np.full((3, 32, 32), -0.5, np.float32))
+    with pytest.raises(ValueError, match=r"\(int32\) has values in \[-5.0, -5.0\]"):
+        processor(np.full((32, 32), -5, np.int32), do_rescale=False)
+
+
+BAD_SIZES = [{"height": 0, "width": 0}, {"height": -4, "width": 32}, {"height": 32.5, "width": 32}, 0, -8]
+
+
+@pytest.mark.parametrize("size", BAD_SIZES + [{"shortest_edge": 32}], ids=str)
+def test_a_size_without_positive_integer_sides_is_refused_at_construction(size: object) -> None:
+    with pytest.raises(ValueError, match="`size` must be a dict of positive integers 'height' and 'width'"):
+        NeuralInterpreterImageProcessor(size=size)
+
+
+@pytest.mark.parametrize("size", BAD_SIZES, ids=str)
+def test_a_size_without_positive_integer_sides_is_refused_at_call(processor, size: object) -> None:
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+    # transformers refuses a non-integer at call time itself, naming the field.
+    with pytest.raises((ValueError, StrictDataclassFieldValidationError), match="size"):
+        processor(RGB32, size=size)
+
+
+def test_patchify_of_a_tensor_carries_gradients_and_refuses_a_size_it_does_not_divide() -> None:
+    images = torch.randn(2, 3, 8, 12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: patchify(x, 4), (images,))
+    assert torch.autograd.gradcheck(
+        lambda x: unpatchify(x, 4, 8, 12), (patchify(images, 4).detach().requires_grad_(),)
+    )
+    with pytest.raises(ValueError, match="patch_size=4 must divide the image height and width.*30x32"):
+        patchify(torch.zeros(1, 3, 30, 32), 4)
+
+
+def test_patchify_exports_as_reshape_and_permute_for_any_batch_size() -> None:
+    """torch.export traces it with a dynamic batch into reshape, permute, reshape: nothing else, no guard on B."""
+
+    class Patchify(torch.nn.Module):
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return patchify(images, 4)
+
+    batch = torch.export.Dim("batch")
+    exported = torch.export.export(
+        Patchify(), (torch.randn(2, 3, 8, 8),), dynamic_shapes={"images": {0: batch}}
+    )
+    ops = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert {str(op) for op in ops} <= {"aten.reshape.default", "aten.permute.default", "aten.sym_size.int"}
+    images = torch.randn(5, 3, 8, 8)
+    torch.testing.assert_close(exported.module()(images), reference_patchify(images, 4), rtol=0, atol=0)

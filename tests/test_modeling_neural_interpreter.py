@@ -117,7 +117,9 @@ def test_sdpa_records_the_literal_eq6_when_compiled_on_an_accelerator(tester, mo
 def test_the_default_implementation_is_sdpa_and_an_unregistered_one_is_refused_by_name(tester):
     model = NeuralInterpreterForImageClassification(tester.get_config())
     assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(ValueError, match=r'`attn_implementation="flash"` is not supported .* expected one of'):
+    with pytest.raises(
+        ValueError, match=r'`attn_implementation="flash"` is not supported .* expected one of'
+    ):
         model.set_attn_implementation("flash")
     assert model.config._attn_implementation == "sdpa"
 

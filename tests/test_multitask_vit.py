@@ -236,7 +236,7 @@ def test_paper_digits_preset_parameter_count():
     heads = 3 * (2 * 192 + 192 * 10 + 10)
     assert sum(p.numel() for p in model.parameters()) == 8 * layer + embeddings + heads == 1_809_438
     with pytest.raises(ValueError, match="Unknown preset"):
-        MultiTaskViTConfig.from_paper("pgm")
+        MultiTaskViTConfig.from_paper("fuzzy_boolean")
 
 
 # --- checkpoints and Auto classes ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ mixins import; `_stand_ins` provides them (named there). Tests that cannot apply
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import shutil
@@ -34,6 +35,7 @@ from transformers.utils import is_torchvision_available
 from ni_hf import (
     NeuralInterpreterConfig,
     NeuralInterpreterForImageClassification,
+    NeuralInterpreterForMultipleChoice,
     NeuralInterpreterModel,
 )
 from ni_hf.models.neural_interpreter.image_processing_neural_interpreter import (
@@ -269,6 +271,82 @@ class NeuralInterpreterModelTest(ModelTesterMixin, unittest.TestCase):
             self.assertIs(model.get_input_embeddings(), new_projection)
             output = model.get_output_embeddings()
             self.assertTrue(output is None or isinstance(output, torch.nn.Linear))
+
+
+class NeuralInterpreterMultipleChoiceModelTester(NeuralInterpreterModelTester):
+    """Tiny PGM puzzles for the mixins: 16 panels of 16 x 16, each candidate's set a CLS token, 8 context panels and
+    the candidate (10 tokens), the candidates folded into the batch."""
+
+    def __init__(self, parent: unittest.TestCase) -> None:
+        super().__init__(parent)
+        self.num_choices = 8
+        self.seq_length = 10
+
+    def get_config(self) -> NeuralInterpreterConfig:
+        config = super().get_config().to_dict()
+        pgm = dict(
+            use_relative_positional_bias=False,
+            task_names=["pgm"],
+            num_labels=1,
+            id2label=None,
+            label2id=None,
+            panel_size=16,
+            panel_cnn_channels=4,
+            panel_cnn_layers=2,
+        )
+        config.update(pgm)
+        for key in ("model_type", "transformers_version", "id2label", "label2id", "architectures"):
+            config.pop(key, None)
+        return NeuralInterpreterConfig(**config)
+
+    def prepare_config_and_inputs_for_common(self) -> tuple[NeuralInterpreterConfig, dict[str, torch.Tensor]]:
+        config = self.get_config()
+        pixel_values = floats_tensor(
+            [self.batch_size, config.num_panels, 1, config.panel_size, config.panel_size]
+        )
+        return config, {"pixel_values": pixel_values}
+
+
+class NeuralInterpreterMultipleChoiceTest(ModelTesterMixin, unittest.TestCase):
+    """`ModelTesterMixin` on the multiple-choice model (PGM puzzles)."""
+
+    all_model_classes = (NeuralInterpreterForMultipleChoice,)
+    test_resize_embeddings = False
+    test_torch_exportable = False
+    has_attentions = True
+
+    def setUp(self) -> None:
+        names = modeling_auto.MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES
+        patcher = unittest.mock.patch.dict(
+            names, {NeuralInterpreterConfig.model_type: "NeuralInterpreterForMultipleChoice"}
+        )
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        self.model_tester = NeuralInterpreterMultipleChoiceModelTester(self)
+
+    def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
+        """The mixin repeats text inputs once per choice; a puzzle already holds its candidates among its panels."""
+        inputs = copy.deepcopy(inputs_dict)
+        if return_labels:
+            inputs["labels"] = torch.ones(self.model_tester.batch_size, dtype=torch.long)
+        return inputs
+
+    @unittest.skip(reason="No `input_ids`: the mixin makes `inputs_embeds` from token ids (as ViT skips it)")
+    def test_inputs_embeds(self) -> None:
+        pass
+
+    @unittest.skip(reason="No `input_ids`: the mixin makes `inputs_embeds` from token ids (as ViT skips it)")
+    def test_inputs_embeds_matches_input_ids(self) -> None:
+        pass
+
+    def test_model_get_set_embeddings(self) -> None:
+        """The mixin's test with the panel CNN where it expects an `nn.Embedding` of tokens."""
+        config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+        model = NeuralInterpreterForMultipleChoice(config)
+        self.assertIsInstance(model.get_input_embeddings(), torch.nn.Module)
+        replacement = type(model.panel_embedding)(config)
+        model.set_input_embeddings(replacement)
+        self.assertIs(model.get_input_embeddings(), replacement)
 
 
 class NeuralInterpreterImageProcessingTester(image_processing_common.ImageProcessingTester):

@@ -3,9 +3,11 @@
 import importlib.util
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -470,3 +472,470 @@ def test_set_card_assets_without_matplotlib_keep_the_table_and_json(set_model, s
     usage = vis.FunctionUsage.from_trace(vis.trace_routing(set_model, inputs=set_inputs))
     assert json.loads((tmp_path / "routing_x_usage.json").read_text()) == usage.to_dict() == result["usage"]
     assert result["markdown"].startswith("### x") and usage.to_markdown() in result["markdown"]
+
+
+# ---------------------------------------------------------------------------------------------- bad arguments
+
+
+@pytest.fixture(scope="module")
+def set_trace(set_model, set_inputs):
+    return vis.trace_routing(set_model, inputs=set_inputs)
+
+
+@pytest.fixture(scope="module")
+def vits():
+    """Image classifiers that are not Neural Interpreters: the multi-task ViT baseline and transformers' ViT."""
+    import transformers
+
+    sizes = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, patch_size=8)
+    torch.manual_seed(0)
+    return SimpleNamespace(
+        multitask=ni_hf.MultiTaskViTForImageClassification(ni_hf.MultiTaskViTConfig(**sizes)),
+        plain=transformers.ViTForImageClassification(transformers.ViTConfig(image_size=32, **sizes)),
+    )
+
+
+@pytest.fixture
+def s(model, pixels, trace, set_model, set_inputs, set_trace, vits, tmp_path):
+    """What the rows of BAD_CALLS call with: the image model and its trace (5 samples, 2 function iterations, 3
+    functions, 2 heads, 1 LOC, 2 tasks, 10 classes, 18 tokens), the set model (5 variables, 6 samples), the ViTs."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    return SimpleNamespace(
+        model=model,
+        pixels=pixels,
+        trace=trace,
+        set_model=set_model,
+        set_inputs=set_inputs,
+        set_trace=set_trace,
+        vits=vits,
+        tmp=tmp_path,
+        a_file=a_file,
+    )
+
+
+BAD_CALLS = {
+    # trace_routing: the model
+    "a multi-task ViT is not traced": (
+        lambda s: vis.trace_routing(s.vits.multitask, s.pixels),
+        TypeError,
+        "`model` must be a Neural Interpreter",
+    ),
+    "a transformers ViT is not traced": (
+        lambda s: vis.trace_routing(s.vits.plain, s.pixels),
+        TypeError,
+        "got ViTForImageClassification (model_type 'vit')",
+    ),
+    "a model that is no module": (
+        lambda s: vis.trace_routing("model", s.pixels),
+        TypeError,
+        "`model` must be a Neural Interpreter",
+    ),
+    "pixels for a set model": (
+        lambda s: vis.trace_routing(s.set_model, s.pixels),
+        ValueError,
+        "pixel_values is for an image model",
+    ),
+    "a set for an image model": (
+        lambda s: vis.trace_routing(s.model, inputs=s.set_inputs),
+        ValueError,
+        "inputs= is for a set-regression model",
+    ),
+    # trace_routing: the inputs
+    "pixels as a list": (
+        lambda s: vis.trace_routing(s.model, s.pixels.tolist()),
+        TypeError,
+        "`pixel_values` must be a torch.Tensor or numpy array",
+    ),
+    "uint8 numpy pixels": (
+        lambda s: vis.trace_routing(s.model, np.zeros((2, 3, 32, 32), np.uint8)),
+        ValueError,
+        "`pixel_values` must be floating-point",
+    ),
+    "integer tensor pixels": (
+        lambda s: vis.trace_routing(s.model, torch.zeros(2, 3, 32, 32, dtype=torch.long)),
+        ValueError,
+        "`pixel_values` must be floating-point",
+    ),
+    "pixels of the wrong size": (
+        lambda s: vis.trace_routing(s.model, torch.randn(2, 3, 28, 28)),
+        ValueError,
+        "`pixel_values` must be images (batch, 3, 32, 32) or patches (batch, 16, 192), got shape (2, 3, 28",
+    ),
+    "0-d pixels": (
+        lambda s: vis.trace_routing(s.model, torch.tensor(1.0)),
+        ValueError,
+        "`pixel_values` must be a batch",
+    ),
+    "an empty batch": (
+        lambda s: vis.trace_routing(s.model, s.pixels[:0]),
+        ValueError,
+        "`pixel_values` is an empty batch",
+    ),
+    "NaN pixels": (
+        lambda s: vis.trace_routing(s.model, torch.full((1, 3, 32, 32), float("nan"))),
+        ValueError,
+        "`pixel_values` contains NaN",
+    ),
+    "NaN set inputs": (
+        lambda s: vis.trace_routing(s.set_model, inputs=torch.full((2, 5), float("nan"))),
+        ValueError,
+        "`inputs` contains NaN",
+    ),
+    "set inputs of the wrong width": (
+        lambda s: vis.trace_routing(s.set_model, inputs=np.zeros((2, 4), np.float32)),
+        ValueError,
+        "`inputs` must have shape (batch, 5), got (2, 4)",
+    ),
+    # trace_routing: task ids, iterations, functions
+    "float task ids": (
+        lambda s: vis.trace_routing(s.model, s.pixels, np.zeros(5)),
+        ValueError,
+        "`task_ids` must be task indices",
+    ),
+    "a bool task id": (
+        lambda s: vis.trace_routing(s.model, s.pixels, True),
+        ValueError,
+        "`task_ids` must be task indices",
+    ),
+    "a task id out of range": (
+        lambda s: vis.trace_routing(s.model, s.pixels, [0, 1, 2, 0, 1]),
+        ValueError,
+        "`task_ids` must lie in 0..1 (tasks ['mnist', 'mnistm']), got [2]",
+    ),
+    "a negative task id": (
+        lambda s: vis.trace_routing(s.model, s.pixels, -1),
+        ValueError,
+        "`task_ids` must lie in 0..1 (tasks ['mnist', 'mnistm']), got [-1]",
+    ),
+    "task ids of the wrong length": (
+        lambda s: vis.trace_routing(s.model, s.pixels, [0, 1]),
+        ValueError,
+        "`task_ids` must be one task index, or one per sample (5), got shape (2,)",
+    ),
+    "2-D task ids": (
+        lambda s: vis.trace_routing(s.model, s.pixels, np.zeros((5, 1), np.int64)),
+        ValueError,
+        "`task_ids` must be one task index, or one per sample (5)",
+    ),
+    "fractional iterations": (
+        lambda s: vis.trace_routing(s.model, s.pixels, num_function_iterations=1.5),
+        ValueError,
+        "`num_function_iterations` must be a non-negative int or one per script (1)",
+    ),
+    "iterations for two scripts of a one-script model": (
+        lambda s: vis.trace_routing(s.model, s.pixels, num_function_iterations=[1, 1]),
+        ValueError,
+        "`num_function_iterations` must be a non-negative int or one per script (1)",
+    ),
+    "no iteration at all": (
+        lambda s: vis.trace_routing(s.model, s.pixels, num_function_iterations=0),
+        ValueError,
+        "with at least one iteration in all, got [0]",
+    ),
+    "a disabled function out of range": (
+        lambda s: vis.trace_routing(s.model, s.pixels, disabled_functions=[3]),
+        ValueError,
+        "`disabled_functions` must index functions 0..2, got [3]",
+    ),
+    "a negative disabled function": (
+        lambda s: vis.trace_routing(s.model, s.pixels, disabled_functions=np.array([-1])),
+        ValueError,
+        "`disabled_functions` must index functions 0..2, got [-1]",
+    ),
+    "a float disabled function": (
+        lambda s: vis.trace_routing(s.model, s.pixels, disabled_functions=[0.5]),
+        ValueError,
+        "`disabled_functions` must be function indices",
+    ),
+    "disabled functions per script": (
+        lambda s: vis.trace_routing(s.model, s.pixels, disabled_functions={0: [1]}),
+        TypeError,
+        "does not take a per-script dict",
+    ),
+    "output_attentions not a bool": (
+        lambda s: vis.trace_routing(s.model, s.pixels, output_attentions="yes"),
+        TypeError,
+        "`output_attentions` must be a bool",
+    ),
+    # the sample index of the data and figures
+    "a sample index past the batch": (
+        lambda s: vis.computational_path_data(s.trace, 5),
+        ValueError,
+        "`index` must be a sample index of the trace in 0..4, got 5",
+    ),
+    "a negative sample index": (
+        lambda s: vis.plot_computational_path(s.trace, -1),
+        ValueError,
+        "`index` must be a sample index of the trace in 0..4, got -1",
+    ),
+    "a float sample index": (
+        lambda s: vis.computational_path_data(s.trace, 1.0),
+        TypeError,
+        "`index` must be an int",
+    ),
+    "a set sample index past the batch": (
+        lambda s: vis.plot_set_path(s.set_trace, 6),
+        ValueError,
+        "`index` must be a sample index of the trace in 0..5, got 6",
+    ),
+    "a usage for a trace": (
+        lambda s: vis.computational_path_data(vis.FunctionUsage.from_trace(s.trace)),
+        TypeError,
+        "`trace` must be a RoutingTrace",
+    ),
+    # labels
+    "float labels": (
+        lambda s: vis.FunctionUsage.from_trace(s.trace, LABELS + 0.5),
+        ValueError,
+        "`labels` must be class indices (a list, tuple, numpy array or tensor of ints), got float64 values",
+    ),
+    "a label past the classes": (
+        lambda s: vis.FunctionUsage.from_trace(s.trace, [3, 7, 3, 1, 10]),
+        ValueError,
+        "`labels` must be class indices in 0..9 (the model's 10 classes), got [10]",
+    ),
+    "an ignored (-100) label": (
+        lambda s: vis.FunctionUsage.from_trace(s.trace, torch.tensor([3, 7, -100, 1, 7])),
+        ValueError,
+        "`labels` must be class indices >= 0, got [-100]",
+    ),
+    "labels of the wrong length": (
+        lambda s: vis.FunctionUsage.from_trace(s.trace, LABELS[:4]),
+        ValueError,
+        "`labels` must be one class index per sample of the trace, shape (5,), got shape (4,)",
+    ),
+    "one-hot labels": (
+        lambda s: vis.type_projection_data(s.trace, np.eye(10, dtype=np.int64)[LABELS]),
+        ValueError,
+        "`labels` must be one class index per sample of the trace, shape (5,), got shape (5, 10)",
+    ),
+    "label names": (
+        lambda s: vis.plot_type_space(s.trace, [str(v) for v in LABELS]),
+        ValueError,
+        "`labels` must be class indices",
+    ),
+    "a float label in the type space": (
+        lambda s: vis.plot_type_space(s.trace, [3.0, 7, 3, 1, 7]),
+        ValueError,
+        "`labels` must be class indices",
+    ),
+    "a set trace projected without labels": (
+        lambda s: vis.type_projection_data(s.set_trace),
+        ValueError,
+        "`labels` are needed: this trace has no class predictions",
+    ),
+    "a projection that is not offered": (
+        lambda s: vis.type_projection_data(s.trace, method="PCA"),
+        ValueError,
+        "`method` must be 'pca' or 'tsne', got 'PCA'",
+    ),
+    "a float seed": (
+        lambda s: vis.type_projection_data(s.trace, seed=0.5),
+        ValueError,
+        "`seed` must be an int",
+    ),
+    # attention
+    "an attention sample past the batch": (
+        lambda s: vis.attention_data(s.trace, index=5),
+        ValueError,
+        "`index` must be a sample index of the trace in 0..4, got 5",
+    ),
+    "a function iteration past the trace": (
+        lambda s: vis.attention_data(s.trace, step=2),
+        ValueError,
+        "`step` must be a function iteration of the trace in 0..1, got 2",
+    ),
+    "a function past the functions": (
+        lambda s: vis.plot_attention(s.trace, function=3),
+        ValueError,
+        "`function` must be a function index in 0..2, got 3",
+    ),
+    "a negative function": (
+        lambda s: vis.attention_data(s.trace, function=-1),
+        ValueError,
+        "`function` must be a function index in 0..2, got -1",
+    ),
+    "a head past the heads": (
+        lambda s: vis.attention_data(s.trace, head=2),
+        ValueError,
+        "`head` must be an attention head index in 0..1, got 2",
+    ),
+    "a token past the tokens": (
+        lambda s: vis.attention_data(s.trace, token=18),
+        ValueError,
+        "`token` must be a token index in 0..17, got 18",
+    ),
+    "a LOC past the LOCs": (
+        lambda s: vis.attention_data(s.trace, loc=1),
+        ValueError,
+        "`loc` must be a LOC index within the function iteration in 0..0, got 1",
+    ),
+    # figures
+    "a trace for a usage": (
+        lambda s: vis.plot_function_usage(s.trace),
+        TypeError,
+        "`usage` must be a FunctionUsage",
+    ),
+    "a usage added to a number": (
+        lambda s: vis.FunctionUsage.from_trace(s.trace) + 1,
+        TypeError,
+        "unsupported operand",
+    ),
+    "a trace saved as a figure": (
+        lambda s: vis.save_figure(s.trace, s.tmp / "x.png"),
+        TypeError,
+        "`fig` must be a matplotlib Figure",
+    ),
+    "nothing rendered as an image": (
+        lambda s: vis.figure_to_image(None),
+        TypeError,
+        "`fig` must be a matplotlib Figure",
+    ),
+    # model card assets: refused before anything is written
+    "a card's sample index past the batch": (
+        lambda s: vis.write_routing_card_assets(s.model, s.pixels, TASK_IDS, s.tmp / "card", index=5),
+        ValueError,
+        "`index` must be a sample index of the batch in 0..4, got 5",
+    ),
+    "a card's label past the classes": (
+        lambda s: vis.write_routing_card_assets(
+            s.model, s.pixels, TASK_IDS, s.tmp / "card", labels=LABELS + 3
+        ),
+        ValueError,
+        "`labels` must be class indices in 0..9 (the model's 10 classes), got [10]",
+    ),
+    "a card folder that is a number": (
+        lambda s: vis.write_routing_card_assets(s.model, s.pixels, TASK_IDS, 3),
+        TypeError,
+        "`output_dir` must be a str or Path",
+    ),
+    "a card folder that is a file": (
+        lambda s: vis.write_routing_card_assets(s.model, s.pixels, TASK_IDS, s.a_file),
+        ValueError,
+        "`output_dir` must be a folder",
+    ),
+    "an image card for a set model": (
+        lambda s: vis.write_routing_card_assets(s.set_model, s.set_inputs, None, s.tmp / "card"),
+        ValueError,
+        "pixel_values is for an image model",
+    ),
+    "a set card for an image model": (
+        lambda s: vis.write_set_routing_card_assets(s.model, s.pixels, s.tmp / "card"),
+        ValueError,
+        "inputs= is for a set-regression model",
+    ),
+    "a set card's stem with a folder": (
+        lambda s: vis.write_set_routing_card_assets(s.set_model, s.set_inputs, s.tmp, stem="a/b"),
+        ValueError,
+        "`stem` must be a file name prefix",
+    ),
+    "a set card's heading that is no text": (
+        lambda s: vis.write_set_routing_card_assets(s.set_model, s.set_inputs, s.tmp, heading=2),
+        TypeError,
+        "`heading` must be a str",
+    ),
+    "a set card's draw that is no bool": (
+        lambda s: vis.write_set_routing_card_assets(s.set_model, s.set_inputs, s.tmp, draw="no"),
+        TypeError,
+        "`draw` must be True, False or None",
+    ),
+    "a set card's sample index past the batch": (
+        lambda s: vis.write_set_routing_card_assets(s.set_model, s.set_inputs, s.tmp / "card", index=6),
+        ValueError,
+        "`index` must be a sample index of the batch in 0..5, got 6",
+    ),
+}
+
+
+@pytest.mark.parametrize("call, error, message", list(BAD_CALLS.values()), ids=list(BAD_CALLS))
+def test_bad_arguments_are_refused_with_an_error_that_names_them(s, call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call(s)
+    assert not (s.tmp / "card").exists()  # a refused card writes nothing
+
+
+@needs_matplotlib
+def test_a_non_positive_dpi_is_refused_by_name(trace):
+    fig = vis.plot_computational_path(trace, 0)
+    for dpi in (0, -10, float("nan"), True):
+        with pytest.raises(ValueError, match="`dpi` must be a positive number"):
+            vis.save_figure(fig, io.BytesIO(), dpi=dpi)
+
+
+def test_numpy_inputs_give_the_same_trace_as_torch_inputs(tester, set_model, set_inputs):
+    """Arrays of any float width for the inputs, arrays of ints for the indices: the trace of the tensors."""
+    model = ni_hf.NeuralInterpreterForImageClassification(tester.get_config()).eval()
+    patches = tester.prepare_inputs(model.config)[
+        "pixel_values"
+    ]  # (3, 16, 12): 2 scripts of 2 and 1 iterations
+    options = dict(output_attentions=True)
+    expected = vis.trace_routing(
+        model,
+        patches,
+        torch.tensor([1, 0, 1]),
+        num_function_iterations=[2, 1],
+        disabled_functions=[2],
+        **options,
+    )
+    traced = vis.trace_routing(
+        model,
+        patches.numpy().astype(np.float64),
+        np.array([1, 0, 1], dtype=np.int32),
+        num_function_iterations=np.array([2, 1]),
+        disabled_functions=np.array([2]),
+        **options,
+    )
+    assert traced.steps == expected.steps == [(0, 0), (0, 1), (1, 0)]
+    assert traced.disabled_functions == expected.disabled_functions == [2]
+    for name in ("compatibilities", "types", "signatures", "attentions", "logits", "task_ids", "images"):
+        np.testing.assert_array_equal(getattr(traced, name), getattr(expected, name), err_msg=name)
+    set_expected = vis.trace_routing(set_model, inputs=set_inputs)
+    set_traced = vis.trace_routing(set_model, inputs=set_inputs.numpy())
+    for name in ("compatibilities", "types", "regression", "set_inputs"):
+        np.testing.assert_array_equal(getattr(set_traced, name), getattr(set_expected, name), err_msg=name)
+
+
+def test_one_task_id_is_the_task_of_every_sample(model, pixels):
+    each = vis.trace_routing(model, pixels, [1] * 5)
+    for one in (1, [1], np.int64(1), torch.tensor(1)):
+        trace = vis.trace_routing(model, pixels, one)
+        np.testing.assert_array_equal(trace.task_ids, [1] * 5)
+        np.testing.assert_array_equal(trace.logits, each.logits)
+
+
+def test_a_model_in_training_mode_is_traced_in_eval_mode_and_left_training(tester):
+    model = ni_hf.NeuralInterpreterForImageClassification(tester.get_config(hidden_dropout_prob=0.5))
+    patches = tester.prepare_inputs(model.config)["pixel_values"]
+    expected = vis.trace_routing(model.eval(), patches)
+    model.train()
+    np.testing.assert_array_equal(vis.trace_routing(model, patches).compatibilities, expected.compatibilities)
+    assert model.training
+
+
+def test_a_model_with_nan_parameters_gives_no_trace_and_is_left_in_its_mode(tester):
+    model = ni_hf.NeuralInterpreterForImageClassification(tester.get_config()).train()
+    patches = tester.prepare_inputs(model.config)["pixel_values"]
+    with torch.no_grad():
+        model.neural_interpreter.patch_embedding.weight.fill_(float("nan"))
+    with pytest.raises(FloatingPointError):  # the model's own check, inside its forward pass
+        vis.trace_routing(model, patches)
+    assert model.training
+    model.checks_finite = False
+    with torch.no_grad():
+        assert torch.isnan(model(pixel_values=patches).logits).all()  # the NaN the trace must not hand on
+    with pytest.raises(FloatingPointError, match="`model` produced NaN or infinite"):
+        vis.trace_routing(model, patches)
+    assert model.training
+
+
+def test_a_backbone_counts_any_class_the_caller_labels(tester):
+    """A backbone has no head, so no classes of its own: the caller's labels name them, past num_labels too."""
+    model = ni_hf.NeuralInterpreterModel(tester.get_config()).eval()
+    patches = tester.prepare_inputs(model.config)["pixel_values"]
+    trace = vis.trace_routing(model, patches, [0, 1, 1])
+    assert trace.logits is None
+    usage = vis.FunctionUsage.from_trace(trace, [0, 12, 12])
+    assert usage.class_names[-1] == "12" and usage.class_tokens[12] == 2 * usage.class_tokens[0] > 0
+    with pytest.raises(ValueError, match="`labels` are needed"):
+        vis.FunctionUsage.from_trace(trace)

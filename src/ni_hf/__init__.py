@@ -1,6 +1,6 @@
 """Neural Interpreters (Rahaman, Gondal et al., NeurIPS 2021) as a Hugging Face transformers model.
 
-Importing the package registers the config, models and image processor with the Auto classes.
+Importing the package registers the configs, models and image processors (images and PGM panels) with the Auto classes.
 """
 
 from transformers import (
@@ -8,12 +8,14 @@ from transformers import (
     AutoImageProcessor,
     AutoModel,
     AutoModelForImageClassification,
+    AutoModelForMultipleChoice,
 )
 
 from .kernels import fast_line_of_code  # noqa: F401  (registers attn_implementation="fast")
 from .models.multitask_vit.configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
 from .models.multitask_vit.modeling_multitask_vit import (
     MultiTaskViTForImageClassification,
+    MultiTaskViTForMultipleChoice,
     MultiTaskViTModel,
     MultiTaskViTPreTrainedModel,
 )
@@ -25,15 +27,18 @@ from .models.neural_interpreter.configuration_neural_interpreter import (
 from .models.neural_interpreter.image_processing_neural_interpreter import (
     NeuralInterpreterImageProcessor,
     NeuralInterpreterImageProcessorTorchvision,
+    NeuralInterpreterPanelProcessor,
 )
 from .models.neural_interpreter.modeling_neural_interpreter import (
     ALL_ATTENTION_FUNCTIONS,
     NeuralInterpreterAttentionInterface,
     NeuralInterpreterForImageClassification,
+    NeuralInterpreterForMultipleChoice,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterImageClassifierOutput,
     NeuralInterpreterModel,
     NeuralInterpreterModelOutput,
+    NeuralInterpreterMultipleChoiceOutput,
     NeuralInterpreterPreTrainedModel,
     NeuralInterpreterSetRegressionOutput,
 )
@@ -44,6 +49,9 @@ AutoConfig.register(NeuralInterpreterConfig.model_type, NeuralInterpreterConfig,
 AutoModel.register(NeuralInterpreterConfig, NeuralInterpreterModel, exist_ok=True)
 AutoModelForImageClassification.register(
     NeuralInterpreterConfig, NeuralInterpreterForImageClassification, exist_ok=True
+)
+AutoModelForMultipleChoice.register(
+    NeuralInterpreterConfig, NeuralInterpreterForMultipleChoice, exist_ok=True
 )
 # Both backends, as transformers' models have them: AutoImageProcessor takes torchvision where it is installed.
 _IMAGE_PROCESSORS = {
@@ -62,6 +70,13 @@ AutoModelForImageClassification.register(
 AutoImageProcessor.register(
     MultiTaskViTConfig, image_processor_classes=dict(_IMAGE_PROCESSORS), exist_ok=True
 )
+AutoModelForMultipleChoice.register(MultiTaskViTConfig, MultiTaskViTForMultipleChoice, exist_ok=True)
+# A PGM checkpoint's config is a NeuralInterpreterConfig too. AutoImageProcessor loads a saved `image_processor_type`
+# from the registered {backend: class} dict that holds that name, taking the dict's entry for the backend: in the
+# config's dict "pil" is the image processor, so the panel processor gets a dict of its own, under its own key.
+AutoImageProcessor.register(
+    "neural_interpreter_pgm", image_processor_classes={"pil": NeuralInterpreterPanelProcessor}, exist_ok=True
+)
 # `pipeline()` also looks for a video processor, and transformers infers one from the image processor's `auto_map`
 # (`...NeuralInterpreterVideoProcessor`, which does not exist). With no local entry that lookup asks on stdin
 # whether to run the checkpoint's code; this entry, empty, says there is no video processor, so it fails quietly.
@@ -78,10 +93,13 @@ except ImportError:  # a transformers without video processors has no such looku
 NeuralInterpreterConfig.register_for_auto_class()
 NeuralInterpreterModel.register_for_auto_class("AutoModel")
 NeuralInterpreterForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+NeuralInterpreterForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
 NeuralInterpreterImageProcessor.register_for_auto_class("AutoImageProcessor")
+NeuralInterpreterPanelProcessor.register_for_auto_class("AutoImageProcessor")
 MultiTaskViTConfig.register_for_auto_class()
 MultiTaskViTModel.register_for_auto_class("AutoModel")
 MultiTaskViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+MultiTaskViTForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
@@ -90,14 +108,18 @@ __all__ = [
     "PAPER_PRESETS",
     "MultiTaskViTConfig",
     "MultiTaskViTForImageClassification",
+    "MultiTaskViTForMultipleChoice",
     "MultiTaskViTModel",
     "MultiTaskViTPreTrainedModel",
     "NeuralInterpreterConfig",
     "NeuralInterpreterForImageClassification",
+    "NeuralInterpreterForMultipleChoice",
     "NeuralInterpreterForSetRegression",
     "NeuralInterpreterImageClassifierOutput",
+    "NeuralInterpreterMultipleChoiceOutput",
     "NeuralInterpreterImageProcessor",
     "NeuralInterpreterImageProcessorTorchvision",
+    "NeuralInterpreterPanelProcessor",
     "NeuralInterpreterModel",
     "NeuralInterpreterModelOutput",
     "NeuralInterpreterPreTrainedModel",

@@ -7,11 +7,16 @@ them with matplotlib (the `vis` extra: `pip install -e ".[vis]"`), imported only
 `matplotlib.figure.Figure` objects (no pyplot state, so they render headless). Tokens are the task (CLS) tokens
 first, one per task, then the patches in row-major order over the grid, or the set's elements (the input variables
 of a `NeuralInterpreterForSetRegression`, traced with `trace_routing(model, inputs=...)`) in their order.
+Inputs may be torch tensors or numpy arrays; an argument that cannot be drawn raises a TypeError or ValueError that
+names it and what was expected.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .models.neural_interpreter.configuration_neural_interpreter import NeuralInterpreterConfig
 from .models.neural_interpreter.image_processing_neural_interpreter import unpatchify
 
 if TYPE_CHECKING:
@@ -72,6 +78,216 @@ class RoutingTrace:
         return shifted / shifted.sum(-1, keepdims=True)
 
 
+# ---------------------------------------------------------------------------------------------- argument checks
+
+# The models whose forward pass trace_routing knows how to feed and read; matched by class name (along the MRO)
+# so that the copies a checkpoint's code makes (`trust_remote_code`) are traced too.
+TRACEABLE_MODELS = (
+    "NeuralInterpreterModel",
+    "NeuralInterpreterForImageClassification",
+    "NeuralInterpreterForSetRegression",
+)
+
+
+def _describe(array: np.ndarray) -> str:
+    """The values when there are few, else their dtype and shape: what an error message shows of a bad array."""
+    if array.size <= 8:
+        return f"{array.dtype} values {array.tolist()}"
+    return f"{array.dtype} values of shape {array.shape}"
+
+
+def _integers(name: str, values: Any, expected: str) -> np.ndarray:
+    """int64 array of `values` (an int, or a list, tuple, numpy array or tensor of ints); floats and bools refused."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    try:
+        array = np.asarray(values)
+    except ValueError:  # ragged nested lists
+        raise ValueError(f"`{name}` must be {expected}, got {values!r}.") from None
+    if array.size == 0 and not isinstance(values, np.ndarray):
+        array = array.astype(np.int64)  # numpy makes [] a float64 array
+    if array.dtype.kind not in "iu":
+        raise ValueError(f"`{name}` must be {expected}, got {_describe(array)}.")
+    return array.astype(np.int64)
+
+
+def _out_of(values: np.ndarray, low: int, high: int) -> list[int]:
+    """The distinct values outside low..high - 1, sorted: what an error message shows of bad indices."""
+    return sorted(set(values[(values < low) | (values >= high)].tolist()))
+
+
+def _index(name: str, value: Any, size: int, what: str) -> int:
+    """`value` as an index in 0..size - 1 (an int, numpy int or 0-d integer tensor); names `name` otherwise."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"`{name}` must be an int ({what} in 0..{size - 1}), got {type(value).__name__} {value!r}."
+        )
+    if not 0 <= value < size:
+        raise ValueError(f"`{name}` must be {what} in 0..{size - 1}, got {value}.")
+    return int(value)
+
+
+def _float_tensor(name: str, values: Any, expected: str) -> torch.Tensor:
+    """A floating-point tensor from a tensor or numpy array of at least one finite sample; names `name` otherwise."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind != "f":
+            raise ValueError(
+                f"`{name}` must be floating-point ({expected}), got a numpy array of dtype {values.dtype}."
+            )
+        try:
+            values = torch.tensor(values)
+        except TypeError:  # float128, which torch has no dtype for
+            raise TypeError(
+                f"`{name}` must be float16, float32 or float64, got dtype {values.dtype}."
+            ) from None
+    elif not isinstance(values, torch.Tensor):
+        raise TypeError(
+            f"`{name}` must be a torch.Tensor or numpy array ({expected}), got {type(values).__name__}."
+        )
+    if not values.is_floating_point():
+        raise ValueError(f"`{name}` must be floating-point ({expected}), got dtype {values.dtype}.")
+    if values.dim() == 0:
+        raise ValueError(f"`{name}` must be a batch ({expected}), got a 0-d tensor.")
+    if values.shape[0] == 0:
+        raise ValueError(
+            f"`{name}` is an empty batch (shape {tuple(values.shape)}): pass at least one sample."
+        )
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError(f"`{name}` contains NaN or infinite values: expected finite numbers.")
+    return values
+
+
+def _traced_backbone(model: Any) -> torch.nn.Module:
+    """The Neural Interpreter backbone of `model`; a TypeError naming `model` for any other model."""
+    expected = f"a Neural Interpreter (one of {', '.join(TRACEABLE_MODELS)})"
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"`model` must be {expected}, got {type(model).__name__}.")
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type != NeuralInterpreterConfig.model_type:
+        raise TypeError(
+            f"`model` must be {expected}, got {type(model).__name__} (model_type {model_type!r}), which has no "
+            "function iterations to trace."
+        )
+    if not {cls.__name__ for cls in type(model).__mro__} & set(TRACEABLE_MODELS):
+        raise TypeError(
+            f"`model` must be {expected}, got {type(model).__name__}: trace_routing does not know how to feed "
+            "its inputs."
+        )
+    backbone = getattr(model, "neural_interpreter", model)
+    if model is backbone and getattr(model, "patch_embedding", None) is None:
+        raise TypeError(
+            "`model` is a backbone without a patch embedding (it reads a set through inputs_embeds), which "
+            "trace_routing does not feed; trace the model around it."
+        )
+    return backbone
+
+
+def _task_ids(task_ids: Any, batch_size: int, config: NeuralInterpreterConfig) -> np.ndarray:
+    """(B,) task index of each sample: one for all, or one each; `config.default_task` when None."""
+    if task_ids is None:
+        return np.full(batch_size, int(getattr(config, "default_task", 0) or 0), dtype=np.int64)
+    ids = _integers(
+        "task_ids", task_ids, "task indices (an int, or a list, tuple, numpy array or tensor of ints)"
+    )
+    if ids.ndim > 1 or (ids.ndim == 1 and len(ids) not in (1, batch_size)):
+        raise ValueError(
+            f"`task_ids` must be one task index, or one per sample ({batch_size}), got shape {ids.shape}."
+        )
+    ids = np.broadcast_to(ids.reshape(-1), (batch_size,)).copy()
+    bad = _out_of(ids, 0, config.num_tasks)
+    if bad:
+        raise ValueError(
+            f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {bad}."
+        )
+    return ids
+
+
+def _function_iterations(value: Any, config: NeuralInterpreterConfig) -> list[int]:
+    """Function iterations per script: the config's, or `value` (one int for every script, or one per script)."""
+    if value is None:
+        return [int(k) for k in config.iterations_per_script]
+    expected = (
+        f"a non-negative int or one per script ({config.num_scripts}), with at least one iteration in all"
+    )
+    array = _integers("num_function_iterations", value, expected)
+    if array.ndim > 1:
+        raise ValueError(f"`num_function_iterations` must be {expected}, got shape {array.shape}.")
+    counts = [int(array)] * config.num_scripts if array.ndim == 0 else array.tolist()
+    if len(counts) != config.num_scripts or min(counts) < 0 or not any(counts):
+        raise ValueError(f"`num_function_iterations` must be {expected}, got {counts}.")
+    return counts
+
+
+def _disabled_functions(value: Any, num_functions: int) -> list[int]:
+    """Sorted, distinct functions switched off in every script; [] for None."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        raise TypeError(
+            "`disabled_functions` must list the functions switched off in every script (the trace marks them "
+            "off at every function iteration); trace_routing does not take a per-script dict."
+        )
+    expected = "function indices (an int, or a list, tuple, numpy array or tensor of ints)"
+    functions = _integers("disabled_functions", value, expected)
+    if functions.ndim > 1:
+        raise ValueError(f"`disabled_functions` must be {expected}, got shape {functions.shape}.")
+    functions = functions.reshape(-1)
+    bad = _out_of(functions, 0, num_functions)
+    if bad:
+        raise ValueError(f"`disabled_functions` must index functions 0..{num_functions - 1}, got {bad}.")
+    return sorted(set(functions.tolist()))
+
+
+def _check_trace(trace: Any) -> RoutingTrace:
+    if not isinstance(trace, RoutingTrace):
+        raise TypeError(f"`trace` must be a RoutingTrace (from trace_routing), got {type(trace).__name__}.")
+    return trace
+
+
+def _class_labels(trace: RoutingTrace, labels: Any) -> np.ndarray:
+    """(B,) class of each sample: `labels`, checked against the trace and the model's classes, or the predictions."""
+    if labels is None:
+        if trace.logits is None:
+            raise ValueError(
+                "`labels` are needed: this trace has no class predictions (its model has no classification "
+                "head)."
+            )
+        return trace.predictions
+    batch_size = trace.compatibilities.shape[1]
+    classes = _integers("labels", labels, "class indices (a list, tuple, numpy array or tensor of ints)")
+    if classes.ndim != 1 or len(classes) != batch_size:
+        raise ValueError(
+            f"`labels` must be one class index per sample of the trace, shape ({batch_size},), got shape "
+            f"{classes.shape}."
+        )
+    negative = sorted(set(classes[classes < 0].tolist()))
+    if negative:
+        raise ValueError(
+            f"`labels` must be class indices >= 0, got {negative} (leave out the samples without a class, such "
+            "as those labelled -100)."
+        )
+    if trace.logits is not None:
+        num_classes = trace.logits.shape[-1]
+        bad = _out_of(classes, 0, num_classes)
+        if bad:
+            raise ValueError(
+                f"`labels` must be class indices in 0..{num_classes - 1} (the model's {num_classes} "
+                f"classes), got {bad}."
+            )
+    return classes
+
+
+def _output_dir(output_dir: Any) -> Path:
+    if not isinstance(output_dir, (str, os.PathLike)):
+        raise TypeError(f"`output_dir` must be a str or Path, got {type(output_dir).__name__}.")
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"`output_dir` must be a folder, got the file {path}.")
+    return path
+
+
 def _display_images(pixel_values: torch.Tensor, config: Any) -> np.ndarray | None:
     """(B, 3, H, W) images or (B, P, p*p*3) patches -> (B, H, W, 3) in [0, 1], each stretched to its own range."""
     x = pixel_values.detach().float().cpu()
@@ -91,10 +307,10 @@ def _display_images(pixel_values: torch.Tensor, config: Any) -> np.ndarray | Non
 @torch.no_grad()
 def trace_routing(
     model: torch.nn.Module,
-    pixel_values: torch.Tensor | None = None,
-    task_ids: torch.Tensor | Sequence[int] | None = None,
+    pixel_values: torch.Tensor | np.ndarray | None = None,
+    task_ids: torch.Tensor | np.ndarray | Sequence[int] | int | None = None,
     *,
-    inputs: torch.Tensor | None = None,
+    inputs: torch.Tensor | np.ndarray | None = None,
     num_function_iterations: int | Sequence[int] | None = None,
     disabled_functions: Sequence[int] | None = None,
     output_attentions: bool = False,
@@ -102,82 +318,116 @@ def trace_routing(
     """One forward pass in eval mode; keeps C, types, signatures (and W) of every function iteration.
 
     pixel_values: images or patches of an image model; inputs: (B, N_in) variables of a set-regression model
-    (no task_ids: every sample is read by every task's CLS token).
+    (no task_ids: every sample is read by every task's CLS token). Tensors or numpy arrays; task_ids: one task for
+    the whole batch or one per sample; disabled_functions: the functions switched off in every script.
     """
+    backbone = _traced_backbone(model)
+    config = backbone.config
+    reads_set = getattr(model, "main_input_name", None) == "inputs"
     if (pixel_values is None) == (inputs is None):
         raise ValueError("Pass either pixel_values (an image model) or inputs (a set-regression model).")
-    if inputs is not None and getattr(model, "main_input_name", None) != "inputs":
+    if inputs is not None and not reads_set:
         raise ValueError(f"inputs= is for a set-regression model; {type(model).__name__} reads pixel_values.")
-    backbone = getattr(model, "neural_interpreter", model)
-    config = backbone.config
-    was_training = model.training
-    model.eval()
-    kwargs: dict[str, Any] = dict(
-        output_routing=True,
-        output_attentions=output_attentions,
-        num_function_iterations=num_function_iterations,
-        disabled_functions=list(disabled_functions) if disabled_functions else None,
-    )
-    batch_size = (pixel_values if inputs is None else inputs).shape[0]
+    if pixel_values is not None and reads_set:
+        raise ValueError(
+            f"pixel_values is for an image model; {type(model).__name__} reads a set: pass inputs=."
+        )
     if inputs is not None and task_ids is not None:
         raise ValueError(
             "A set-regression model takes no task_ids: every task's CLS token reads every sample."
         )
-    if task_ids is None:
-        task = 0 if inputs is not None else int(getattr(config, "default_task", 0) or 0)
-        task_ids = torch.full((batch_size,), task, dtype=torch.long)
-    task_ids = torch.as_tensor(task_ids, dtype=torch.long)
-    device = next(model.parameters()).device
-    if inputs is not None:
-        out = model(inputs=inputs.to(device), **kwargs)
-    elif model is backbone:
-        out = model(pixel_values=pixel_values.to(device), **kwargs)
+    if reads_set:
+        values = _float_tensor("inputs", inputs, "the input variables' values")
+        if values.dim() != 2 or values.shape[1] != config.num_input_variables:
+            raise ValueError(
+                f"`inputs` must have shape (batch, {config.num_input_variables}), got {tuple(values.shape)}."
+            )
     else:
-        out = model(pixel_values=pixel_values.to(device), task_ids=task_ids.to(device), **kwargs)
-    model.train(was_training)
+        values = _float_tensor(
+            "pixel_values",
+            pixel_values,
+            "images (batch, channels, height, width) or patches (batch, num_patches, patch_dim), normalized as "
+            "NeuralInterpreterImageProcessor gives them",
+        )
+        image = (config.num_channels, config.image_size, config.image_size)
+        if tuple(values.shape[1:]) not in (image, (config.num_patches, config.patch_dim)):
+            raise ValueError(
+                f"`pixel_values` must be images (batch, {', '.join(map(str, image))}) or patches (batch, "
+                f"{config.num_patches}, {config.patch_dim}), got shape {tuple(values.shape)}; resize images "
+                "with NeuralInterpreterImageProcessor."
+            )
+    batch_size = values.shape[0]
+    tasks = np.zeros(batch_size, dtype=np.int64) if reads_set else _task_ids(task_ids, batch_size, config)
+    iterations = _function_iterations(num_function_iterations, config)
+    disabled = _disabled_functions(disabled_functions, config.num_functions)
+    if not isinstance(output_attentions, (bool, np.bool_)):
+        raise TypeError(f"`output_attentions` must be a bool, got {type(output_attentions).__name__}.")
+    kwargs: dict[str, Any] = dict(
+        output_routing=True,
+        output_attentions=bool(output_attentions),
+        num_function_iterations=iterations,
+        disabled_functions=disabled or None,
+    )
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        if reads_set:
+            out = model(inputs=values.to(device), **kwargs)
+        elif model is backbone:
+            out = model(pixel_values=values.to(device), **kwargs)
+        else:
+            out = model(pixel_values=values.to(device), task_ids=torch.from_numpy(tasks).to(device), **kwargs)
+    finally:
+        model.train(was_training)
 
-    iterations = config.iterations_per_script if num_function_iterations is None else num_function_iterations
-    if isinstance(iterations, int):
-        iterations = [iterations] * config.num_scripts
-    steps = [(s, k) for s, n in enumerate(iterations) for k in range(int(n))]
+    steps = [(s, k) for s, n in enumerate(iterations) for k in range(n)]
     signatures = [
         F.normalize(script.signatures.detach().float(), dim=-1).cpu().numpy() for script in backbone.scripts
     ]
-    num_tokens = out.compatibilities[0].shape[-1] if steps else config.num_task_tokens
+    num_tokens = out.compatibilities[0].shape[-1]
     num_patches = num_tokens - config.num_task_tokens
-    on_grid = inputs is None and num_patches == config.grid_size**2
+    on_grid = not reads_set and num_patches == config.grid_size**2
     grid = (config.grid_size, config.grid_size) if on_grid else None
     attentions = None
-    if output_attentions and steps:
+    if output_attentions:
         per_step = len(out.attentions) // len(steps)
         attentions = np.stack([a.float().cpu().numpy() for a in out.attentions]).reshape(
             len(steps), per_step, *out.attentions[0].shape
         )
     id2label = getattr(config, "id2label", None) or {}
     logits = getattr(out, "logits", None)
-    regression = out.predictions if inputs is not None else None
+    regression = out.predictions if reads_set else None
+    numbers_out = {
+        "compatibilities": np.stack([c.float().cpu().numpy() for c in out.compatibilities]),
+        "types": np.stack([t.float().cpu().numpy() for t in out.types]),
+        "logits": None if logits is None else logits.float().cpu().numpy(),
+        "predictions": None if regression is None else regression.float().cpu().numpy(),
+        "attentions": attentions,
+    }
+    # The model checks its own outputs unless its checks are off; a trace never hands NaN on to a figure.
+    broken = [name for name, a in numbers_out.items() if a is not None and not np.isfinite(a).all()]
+    if broken:
+        raise FloatingPointError(
+            f"`model` produced NaN or infinite {broken[0]} for finite inputs: its parameters are NaN or inf "
+            "(a diverged training run), or the inputs overflow its dtype."
+        )
     return RoutingTrace(
-        compatibilities=np.stack([c.float().cpu().numpy() for c in out.compatibilities])
-        if steps
-        else np.zeros((0, batch_size, config.num_functions, num_tokens), np.float32),
-        types=np.stack([t.float().cpu().numpy() for t in out.types])
-        if steps
-        else np.zeros((0, batch_size, num_tokens, config.type_dim), np.float32),
-        signatures=np.stack([signatures[s] for s, _ in steps])
-        if steps
-        else np.zeros((0, config.num_functions, config.type_dim), np.float32),
+        compatibilities=numbers_out["compatibilities"],
+        types=numbers_out["types"],
+        signatures=np.stack([signatures[s] for s, _ in steps]),
         steps=steps,
-        logits=None if logits is None else logits.float().cpu().numpy(),
-        task_ids=task_ids.cpu().numpy(),
+        logits=numbers_out["logits"],
+        task_ids=tasks,
         num_task_tokens=config.num_task_tokens,
         grid=grid,
-        images=_display_images(pixel_values, config) if grid is not None else None,
+        images=_display_images(values, config) if grid is not None else None,
         attentions=attentions,
         task_names=list(config.task_names),
         class_names=[str(id2label.get(i, i)) for i in range(getattr(config, "num_labels", 0) or 0)],
-        disabled_functions=sorted(int(u) for u in disabled_functions or []),
-        set_inputs=None if inputs is None else inputs.detach().float().cpu().numpy(),
-        regression=None if regression is None else regression.float().cpu().numpy(),
+        disabled_functions=disabled,
+        set_inputs=values.detach().float().cpu().numpy() if reads_set else None,
+        regression=numbers_out["predictions"],
     )
 
 
@@ -195,8 +445,10 @@ def _step_name(steps: Sequence[tuple[int, int]], i: int) -> str:
 def computational_path_data(trace: RoutingTrace, index: int = 0) -> dict[str, Any]:
     """C (Eq. 4) of one sample per function iteration and function: on the patch grid (a set: on its elements), and
     for every task's CLS token."""
+    _check_trace(trace)
     if trace.grid is None and not trace.is_set:
-        raise ValueError("The computational path is drawn on a patch grid; this trace has a set input.")
+        raise ValueError("The computational path is drawn on a patch grid or a set; this trace has neither.")
+    index = _index("index", index, trace.compatibilities.shape[1], "a sample index of the trace")
     c = trace.compatibilities[:, index]  # (K, U, N)
     t = trace.num_task_tokens
     if trace.is_set:
@@ -223,7 +475,7 @@ def computational_path_data(trace: RoutingTrace, index: int = 0) -> dict[str, An
 
 def type_projection_data(
     trace: RoutingTrace,
-    labels: Sequence[int] | np.ndarray | None = None,
+    labels: Sequence[int] | np.ndarray | torch.Tensor | None = None,
     method: str = "pca",
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -233,6 +485,12 @@ def type_projection_data(
     panels share axes. "function": the function with the largest C for each token, -1 where no function accepts it.
     "label": each sample's class (`labels`, or the predictions when None).
     """
+    _check_trace(trace)
+    if not isinstance(method, str) or method not in ("pca", "tsne"):
+        raise ValueError(f"`method` must be 'pca' or 'tsne', got {method!r}.")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
+        raise ValueError(f"`seed` must be an int in 0..2**32 - 1, got {seed!r}.")
+    labels_arr = _class_labels(trace, labels)
     from sklearn.decomposition import PCA
     from sklearn.manifold import TSNE
 
@@ -242,19 +500,16 @@ def type_projection_data(
     signatures = np.concatenate([script_signatures[s] for s in scripts])
     points = np.concatenate([trace.types.reshape(-1, d), signatures]).astype(np.float64)
     if method == "pca":
-        projected = PCA(n_components=2, random_state=seed).fit_transform(points)
-    elif method == "tsne":
-        perplexity = float(min(30.0, max(2.0, (len(points) - 1) / 3)))
-        projected = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(
-            points
-        )
+        projected = PCA(n_components=2, random_state=int(seed)).fit_transform(points)
     else:
-        raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}.")
+        perplexity = float(min(30.0, max(2.0, (len(points) - 1) / 3)))
+        projected = TSNE(
+            n_components=2, perplexity=perplexity, init="pca", random_state=int(seed)
+        ).fit_transform(points)
     types_2d = projected[: k * b * n].reshape(k, b, n, 2)
     sig_2d = projected[k * b * n :].reshape(len(scripts), -1, 2)
     c = trace.compatibilities  # (K, B, U, N)
     function = np.where(c.sum(axis=2) > 0, c.argmax(axis=2), -1)  # (K, B, N)
-    labels_arr = trace.predictions if labels is None else np.asarray(labels)
     return {
         "types": types_2d,  # (K, B, N, 2)
         "signatures": np.stack([sig_2d[scripts.index(s)] for s, _ in trace.steps]),  # (K, U, 2)
@@ -292,9 +547,10 @@ class FunctionUsage:
 
     @classmethod
     def from_trace(
-        cls, trace: RoutingTrace, labels: Sequence[int] | np.ndarray | None = None
+        cls, trace: RoutingTrace, labels: Sequence[int] | np.ndarray | torch.Tensor | None = None
     ) -> FunctionUsage:
         """Usage of one trace; classes from `labels`, or from the predictions when None."""
+        _check_trace(trace)
         c = trace.compatibilities.astype(np.float64)  # (K, B, U, N)
         k, b, u, n = c.shape
         if trace.is_set:
@@ -316,9 +572,9 @@ class FunctionUsage:
                 task_source="cls_token",
             )
         per_sample = c.sum(axis=(0, 3))  # (B, U)
-        classes = trace.predictions if labels is None else np.asarray(labels, dtype=np.int64)
+        classes = _class_labels(trace, labels)
         num_tasks = len(trace.task_names)
-        num_classes = max(len(trace.class_names), int(classes.max()) + 1 if b else 0)
+        num_classes = max(len(trace.class_names), int(classes.max()) + 1)
         task_sums = np.zeros((num_tasks, u))
         np.add.at(task_sums, trace.task_ids, per_sample)
         class_sums = np.zeros((num_classes, u))
@@ -339,6 +595,8 @@ class FunctionUsage:
         )
 
     def __add__(self, other: FunctionUsage) -> FunctionUsage:
+        if not isinstance(other, FunctionUsage):
+            return NotImplemented
         if (self.steps, self.task_names, self.task_source) != (
             other.steps,
             other.task_names,
@@ -445,11 +703,18 @@ def attention_data(
     token: the query token (default: the sample's own task (CLS) token). "patches" is W over the patch grid,
     "task_tokens" W on the task tokens; the row sums to S / (eps + S) <= 1, S = C_ui sum_j C_uj A_ij.
     """
+    _check_trace(trace)
     if trace.attentions is None:
         raise ValueError("Trace without attention weights: call trace_routing(..., output_attentions=True).")
     if trace.grid is None:
         raise ValueError("The attention map is drawn on a patch grid; this trace has a set input.")
-    token = int(trace.task_ids[index]) if token is None else token
+    k, num_locs, b, u, h, n = trace.attentions.shape[:6]
+    index = _index("index", index, b, "a sample index of the trace")
+    step = _index("step", step, k, "a function iteration of the trace")
+    function = _index("function", function, u, "a function index")
+    head = _index("head", head, h, "an attention head index")
+    loc = _index("loc", loc, num_locs, "a LOC index within the function iteration")
+    token = int(trace.task_ids[index]) if token is None else _index("token", token, n, "a token index")
     row = trace.attentions[step, loc, index, function, head, token]  # (N,)
     t = trace.num_task_tokens
     return {
@@ -498,7 +763,7 @@ def plot_computational_path(trace: RoutingTrace, index: int = 0) -> Figure:
     The first column shows the input; each panel shades the patches by C_ui of that function (0 to 1) and gives C
     of the sample's own CLS token; with several tasks, a last column shows C for every task's CLS token.
     """
-    if trace.grid is None:
+    if _check_trace(trace).grid is None:
         raise ValueError("The computational path is drawn on a patch grid; a set input has plot_set_path.")
     data = computational_path_data(trace, index)
     patches, cls = data["patches"], data["task_tokens"]
@@ -562,7 +827,7 @@ def plot_set_path(trace: RoutingTrace, index: int = 0) -> Figure:
     One panel per function iteration; the columns are the tasks' CLS tokens, then the input variables (with their
     values); the last row, "none", is 1 - sum_u C_ui, the share of the token that no function processes.
     """
-    if not trace.is_set:
+    if not _check_trace(trace).is_set:
         raise ValueError("plot_set_path draws a set input; an image has plot_computational_path.")
     data = computational_path_data(trace, index)
     c = np.concatenate([data["task_tokens"].transpose(0, 2, 1), data["elements"]], axis=2)  # (K, U, N)
@@ -610,7 +875,7 @@ def plot_set_path(trace: RoutingTrace, index: int = 0) -> Figure:
 
 def plot_type_space(
     trace: RoutingTrace,
-    labels: Sequence[int] | np.ndarray | None = None,
+    labels: Sequence[int] | np.ndarray | torch.Tensor | None = None,
     method: str = "pca",
     seed: int = 0,
 ) -> Figure:
@@ -618,9 +883,9 @@ def plot_type_space(
 
     Stars mark the function signatures s_u; grey dots are tokens no function accepts (C = 0).
     """
+    data = type_projection_data(trace, labels, method, seed)
     from matplotlib import colormaps
 
-    data = type_projection_data(trace, labels, method, seed)
     k = data["types"].shape[0]
     fig = _new_figure(2.6 * max(k, 1) + 0.6, 5.4)
     axes = fig.subplots(2, max(k, 1), squeeze=False, sharex=True, sharey=True)
@@ -653,7 +918,10 @@ def plot_type_space(
                     f"by {what}" if what == "function" else f"by class ({data['label_source']})", fontsize=9
                 )
             ax.tick_params(labelsize=6)
-    for row, names in ((0, [f"function {u}" for u in range(trace.num_functions)]), (1, trace.class_names)):
+    classes = trace.class_names + [
+        str(c) for c in range(len(trace.class_names), int(data["label"].max()) + 1)
+    ]
+    for row, names in ((0, [f"function {u}" for u in range(trace.num_functions)]), (1, classes)):
         from matplotlib.lines import Line2D
 
         handles = [
@@ -669,6 +937,10 @@ def plot_type_space(
 
 def plot_function_usage(usage: FunctionUsage) -> Figure:
     """Function usage as heatmaps: mean C of each function per function iteration, per task and per class."""
+    if not isinstance(usage, FunctionUsage):
+        raise TypeError(
+            f"`usage` must be a FunctionUsage (from FunctionUsage.from_trace), got {type(usage).__name__}."
+        )
     iterations = [_step_name(usage.steps, i) for i in range(len(usage.steps))]
     tasks = [i for i, m in enumerate(usage.task_tokens) if m]
     classes = [i for i, m in enumerate(usage.class_tokens) if m]
@@ -760,10 +1032,20 @@ def _square(x: int, y: int) -> Any:
     return Rectangle((x, y), 1, 1, fill=False, edgecolor="red", linewidth=1.5)
 
 
+def _check_figure(fig: Any, dpi: Any) -> None:
+    if not hasattr(fig, "savefig") or not hasattr(fig, "canvas"):
+        raise TypeError(
+            f"`fig` must be a matplotlib Figure (from a plot_* function), got {type(fig).__name__}."
+        )
+    if isinstance(dpi, (bool, np.bool_)) or not isinstance(dpi, numbers.Real) or not 0 < dpi < math.inf:
+        raise ValueError(f"`dpi` must be a positive number, got {dpi!r}.")
+
+
 def figure_to_image(fig: Figure, dpi: int = 100) -> Image.Image:
     """Render a figure (headless, Agg) to a PIL image."""
     import io
 
+    _check_figure(fig, dpi)
     from PIL import Image
 
     buffer = io.BytesIO()
@@ -774,6 +1056,7 @@ def figure_to_image(fig: Figure, dpi: int = 100) -> Image.Image:
 
 def save_figure(fig: Figure, path: str | Path | Any, dpi: int = 100) -> None:
     """Save as PNG without the software metadata, so that the same numbers give the same bytes."""
+    _check_figure(fig, dpi)
     fig.savefig(path, format="png", dpi=dpi, metadata={"Software": None})
 
 
@@ -793,12 +1076,12 @@ def write_routing_card_assets(
     Returns {"markdown": section to append to the card's README.md (it links the PNG by its file name, so upload
     the folder with it), "files": paths written, "usage": the usage numbers}.
     """
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = _output_dir(output_dir)
     trace = trace_routing(model, pixel_values, task_ids)
-    if isinstance(labels, torch.Tensor):
-        labels = labels.cpu().numpy()
+    labels = None if labels is None else _class_labels(trace, labels)
     usage = FunctionUsage.from_trace(trace, labels)
+    index = _index("index", index, trace.compatibilities.shape[1], "a sample index of the batch")
+    output_dir.mkdir(parents=True, exist_ok=True)
     png = output_dir / "routing_path.png"
     save_figure(plot_computational_path(trace, index), png)
     usage_json = output_dir / "routing_usage.json"
@@ -842,10 +1125,21 @@ def write_set_routing_card_assets(
     """
     import importlib.util
 
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = _output_dir(output_dir)
+    if not isinstance(stem, str) or not stem or os.sep in stem or "/" in stem:
+        raise ValueError(
+            f"`stem` must be a file name prefix (a non-empty str without a folder), got {stem!r}."
+        )
+    if not isinstance(heading, str):
+        raise TypeError(f"`heading` must be a str (a Markdown heading), got {type(heading).__name__}.")
+    if draw is not None and not isinstance(draw, (bool, np.bool_)):
+        raise TypeError(
+            f"`draw` must be True, False or None (draw when matplotlib is installed), got {draw!r}."
+        )
     trace = trace_routing(model, inputs=inputs)
     usage = FunctionUsage.from_trace(trace)
+    index = _index("index", index, trace.compatibilities.shape[1], "a sample index of the batch")
+    output_dir.mkdir(parents=True, exist_ok=True)
     usage_json = output_dir / f"{stem}_usage.json"
     usage_json.write_text(json.dumps(usage.to_dict(), indent=2) + "\n")
     drawn = importlib.util.find_spec("matplotlib") is not None if draw is None else draw

@@ -3,6 +3,7 @@
 from .configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
 from .modeling_multitask_vit import (
     MultiTaskViTForImageClassification,
+    MultiTaskViTForMultipleChoice,
     MultiTaskViTModel,
     MultiTaskViTPreTrainedModel,
 )
@@ -11,6 +12,7 @@ __all__ = [
     "MULTITASK_VIT_PRESETS",
     "MultiTaskViTConfig",
     "MultiTaskViTForImageClassification",
+    "MultiTaskViTForMultipleChoice",
     "MultiTaskViTModel",
     "MultiTaskViTPreTrainedModel",
 ]

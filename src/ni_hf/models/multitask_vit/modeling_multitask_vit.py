@@ -17,23 +17,36 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    ImageClassifierOutput,
+    MultipleChoiceModelOutput,
+)
 from transformers.models.vit.modeling_vit import ViTLayer, ViTPatchEmbeddings
 from transformers.utils.generic import can_return_tuple
 
-from .configuration_multitask_vit import MultiTaskViTConfig, _validate_task_names
-from .input_checks import check_forward
+from .configuration_multitask_vit import MultiTaskViTConfig
+from .input_checks import (
+    check_forward,
+    check_not_empty,
+    check_tensor,
+    cross_entropy_loss,
+    validate_task_names,
+)
+from .panel_embedding import PanelEmbedding
 
 
 class MultiTaskViTEmbeddings(nn.Module):
-    """Task (CLS) tokens, then the patch embeddings plus learned positions."""
+    """Task (CLS) tokens, then the patch embeddings plus learned positions (or a set of vectors as it is)."""
 
-    def __init__(self, config: MultiTaskViTConfig) -> None:
+    def __init__(self, config: MultiTaskViTConfig, add_patch_embedding: bool = True) -> None:
         super().__init__()
         self.config = config
         self.task_tokens = nn.Parameter(torch.empty(config.num_tasks, config.hidden_size))
-        self.patch_embeddings = ViTPatchEmbeddings(config)
-        self.position_embeddings = nn.Parameter(torch.empty(config.num_patches, config.hidden_size))
+        self.patch_embeddings = ViTPatchEmbeddings(config) if add_patch_embedding else None
+        self.position_embeddings = (
+            nn.Parameter(torch.empty(config.num_patches, config.hidden_size)) if add_patch_embedding else None
+        )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def embed_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -62,6 +75,8 @@ class MultiTaskViTEmbeddings(nn.Module):
     ) -> torch.Tensor:
         """(B, T + N, d): the T task tokens first, then the patches with their positions, or a set as it is."""
         if inputs_embeds is None:
+            if self.patch_embeddings is None:
+                raise ValueError("This ViT was built without a patch embedding: pass `inputs_embeds`, a set.")
             elements = self.embed_patches(pixel_values) + self.position_embeddings
         else:
             elements = inputs_embeds.to(self.task_tokens.dtype)
@@ -120,18 +135,28 @@ class MultiTaskViTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, nn.BatchNorm2d):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+            init.zeros_(module.running_mean)
+            init.ones_(module.running_var)
+            init.zeros_(module.num_batches_tracked)
         elif isinstance(module, MultiTaskViTEmbeddings):
-            init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
+            if module.position_embeddings is not None:
+                init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
             init.normal_(module.task_tokens)
+        elif isinstance(module, PanelEmbedding):
+            init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
 
 
 class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
     """The backbone: task tokens and patch embeddings through pre-norm ViT layers."""
 
-    def __init__(self, config: MultiTaskViTConfig) -> None:
+    def __init__(self, config: MultiTaskViTConfig, add_patch_embedding: bool = True) -> None:
+        r"""add_patch_embedding: False for a head that feeds sets (`inputs_embeds`), which never reads patches."""
         super().__init__(config)
         self.config = config
-        self.embeddings = MultiTaskViTEmbeddings(config)
+        self.embeddings = MultiTaskViTEmbeddings(config, add_patch_embedding)
         self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
         self.post_init()
 
@@ -145,7 +170,7 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
     def reset_task_tokens(self, task_names: Sequence[str]) -> None:
         """Replace the task (CLS) tokens by fresh N(0, 1) ones, one per new task (adaptation to new tasks)."""
         # Validate before any change: a refused call leaves the model as it was.
-        names = _validate_task_names(task_names)
+        names = validate_task_names(task_names)
         self.config.task_names = names
         self.config.default_task = 0
         ref = self.embeddings.task_tokens
@@ -158,7 +183,7 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
 
         Returns the indices of the new tasks; an image classifier needs a head per new task too (`add_tasks`).
         """
-        names = _validate_task_names(task_names)
+        names = validate_task_names(task_names)
         if set(names) & set(self.config.task_names):
             raise ValueError(
                 f"`task_names` must be new, distinct names (existing: {self.config.task_names}); got {names}."
@@ -277,7 +302,7 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
     def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
         """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
         # Validate before any change: a refused call leaves the model as it was.
-        names = _validate_task_names(task_names)
+        names = validate_task_names(task_names)
         if num_labels is not None and (
             not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1
         ):
@@ -332,8 +357,49 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 
+class MultiTaskViTForMultipleChoice(MultiTaskViTPreTrainedModel):
+    """The paper's PGM ViT baseline (section 4.3): the Neural Interpreter's scaffolding (panel CNN, one set of a CLS
+    token, the 8 context panels and a candidate per candidate, a head scoring the CLS output), ViT layers between."""
+
+    def __init__(self, config: MultiTaskViTConfig) -> None:
+        if config.num_labels != 1 or config.num_tasks != 1:
+            raise ValueError(
+                "MultiTaskViTForMultipleChoice scores each candidate with one CLS token and one output: it needs "
+                f"num_labels=1 and one task (the 'pgm' preset's), got {config.num_labels} and {config.num_tasks}."
+            )
+        super().__init__(config)
+        self.panel_embedding = PanelEmbedding(config)
+        self.vit = MultiTaskViTModel(config, add_patch_embedding=False)
+        self.scorer = MultiTaskViTHead(config.hidden_size, 1, config.layer_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.panel_embedding
+
+    @can_return_tuple
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> MultipleChoiceModelOutput:
+        r"""Scores (B, num_choices) of the candidates of (B, 16, 1, 80, 80) panels; cross-entropy against `labels`."""
+        check_tensor("pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them")
+        check_not_empty(pixel_values.shape[0])
+        context, candidates = self.panel_embedding(pixel_values)
+        sets = PanelEmbedding.candidate_sets(context, candidates)
+        outputs = self.vit(inputs_embeds=sets, output_hidden_states=output_hidden_states, check_finite=False)
+        logits = self.scorer(outputs.pooler_output[:, 0]).view(candidates.shape[0], candidates.shape[1])
+        labels = None if labels is None else torch.as_tensor(labels)
+        if self.checks_finite:
+            check_forward(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
+        loss = None if labels is None else cross_entropy_loss(logits, labels, "candidate")
+        return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
 __all__ = [
     "MultiTaskViTPreTrainedModel",
     "MultiTaskViTModel",
     "MultiTaskViTForImageClassification",
+    "MultiTaskViTForMultipleChoice",
 ]

@@ -4,6 +4,7 @@ from .configuration_neural_interpreter import PAPER_PRESETS, NeuralInterpreterCo
 from .image_processing_neural_interpreter import (
     NeuralInterpreterImageProcessor,
     NeuralInterpreterImageProcessorTorchvision,
+    NeuralInterpreterPanelProcessor,
 )
 from .modeling_neural_interpreter import *  # noqa: F403
 from .modeling_neural_interpreter import __all__ as _modeling_all
@@ -12,6 +13,7 @@ __all__ = [
     "NeuralInterpreterConfig",
     "NeuralInterpreterImageProcessor",
     "NeuralInterpreterImageProcessorTorchvision",
+    "NeuralInterpreterPanelProcessor",
     "PAPER_PRESETS",
     "vit_baseline_config",
     *_modeling_all,

@@ -1,46 +1,64 @@
 """Configuration of Neural Interpreters (Rahaman, Gondal et al., NeurIPS 2021)."""
 
+# Annotations stay strings, so `@strict` leaves each type to the field's validator: one check of type and range,
+# whose error names the setting and what it expects.
 from __future__ import annotations
 
-import contextvars
-import dataclasses
-import difflib
-import functools
-import inspect
 import math
-from collections.abc import Iterable
 from typing import Any
 
-from transformers import PretrainedConfig
+from huggingface_hub.dataclasses import as_validated_field, strict, validated_field
+from transformers import PreTrainedConfig
 from transformers.utils import logging
+
+from .input_checks import (
+    InvalidSetting,
+    MultiTaskConfigMixin,
+    check_task_index,
+    check_task_names,
+    is_positive_int,
+    named_errors,
+    positive_int,
+    preset_settings,
+    validate_task_names,
+)
 
 logger = logging.get_logger(__name__)
 
 # Where the learned positions of set inputs enter: once at the input, or inside every LOC (the reference's default).
 POSITION_PLACEMENTS = ("input", "every_loc")
 
-# Settings that must be real numbers (int or float, not bool), and those that must be bools.
-FLOAT_SETTINGS = (
-    "truncation_tau",
-    "sigma_init",
-    "kernel_eps",
-    "attention_eps",
-    "input_position_embedding_std",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "layer_norm_eps",
-)
-BOOL_SETTINGS = (
-    "straight_through",
-    "outer_residual",
-    "freeze_signatures",
-    "freeze_codes",
-    "freeze_patch_embedding",
-    "use_relative_positional_bias",
+# The settings that fix the shapes of a model's parameters: a built model cannot take edits to these, and its
+# `save_pretrained` refuses a config that no longer describes its parameters. (A built model's attention
+# implementation changes with `model.set_attn_implementation`, not through its config.)
+ARCHITECTURE_FIELDS = (
+    "hidden_size",
+    "code_dim",
+    "num_scripts",
+    "num_loc_layers",
+    "num_functions",
+    "num_attention_heads",
+    "attention_head_size",
+    "type_inference_depth",
+    "type_inference_hidden_size",
+    "type_dim",
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "num_labels",
+    "task_names",
     "share_task_tokens",
+    "use_relative_positional_bias",
+    "num_input_variables",
+    "num_context_panels",
+    "num_choices",
+    "panel_size",
+    "panel_channels",
+    "panel_cnn_channels",
+    "panel_cnn_layers",
 )
 
-# Appendix tables of the paper, as settled in SPEC.md.
+# Appendix tables of the paper (digits, fuzzy Boolean, and the PGM constants with the neutral regime's selection).
 PAPER_PRESETS: dict[str, dict[str, Any]] = {
     "digits": dict(
         hidden_size=192,
@@ -96,177 +114,102 @@ PAPER_PRESETS: dict[str, dict[str, Any]] = {
         attention_head_size=32,
         type_inference_depth=2,
         type_inference_hidden_size=192,
-        type_dim=24,
-        truncation_tau=1.5,
+        type_dim=20,
+        truncation_tau=1.62,
         freeze_signatures=False,
         freeze_codes=False,
         use_relative_positional_bias=False,
+        num_labels=1,  # one score per candidate panel
+        num_context_panels=8,
+        num_choices=8,
+        panel_size=80,
+        panel_channels=1,
+        panel_cnn_channels=32,
+        panel_cnn_layers=4,
     ),
 }
 
+# The paper's selection per PGM regime (appendix "Abstract Reasoning with PGMs"), by DeepMind's regime names.
+_NEUTRAL = dict(truncation_tau=1.62, type_dim=20, freeze_signatures=False)
+PGM_REGIMES: dict[str, dict[str, Any]] = {
+    "neutral": _NEUTRAL,
+    "interpolation": dict(truncation_tau=1.62, type_dim=20, freeze_signatures=False),
+    "extrapolation": dict(truncation_tau=1.42, type_dim=24, freeze_signatures=True),
+    "attr.rel.pairs": dict(
+        truncation_tau=1.66, type_dim=24, freeze_signatures=False
+    ),  # held-out triple pairs
+    "attr.rels": dict(truncation_tau=1.42, type_dim=24, freeze_signatures=True),  # held-out triples
+    "attrs.pairs": dict(truncation_tau=1.40, type_dim=32, freeze_signatures=True),  # held-out attribute pairs
+    # The paper leaves out the held-out shape-color and line-type regimes: they get the neutral selection.
+    "attrs.shape.color": _NEUTRAL,
+    "attrs.line.type": _NEUTRAL,
+}
+PGM_REGIMES_NOT_IN_THE_PAPER = ("attrs.shape.color", "attrs.line.type")
 
-# Keys a config.json written by transformers (4.x or 5.x) may hold besides the dataclass fields of
-# `PretrainedConfig`: what its `__post_init__` pops or sets, what `to_dict` adds, and the common attributes that
-# transformers 4 saved in every config. Generation settings are added from `GenerationConfig` below.
-PRETRAINED_CONFIG_KEYS = frozenset(
-    {
-        "model_type",
-        "auto_map",
-        "custom_pipelines",
-        "quantization_config",
-        "torch_dtype",
-        "num_labels",
-        "name_or_path",
-        "output_attentions",
-        "attn_implementation",
-        "experts_implementation",
-        "per_layer_config",
-        "tie_last_hidden_states",
-        "rope_scaling",
-        "rope_theta",
-        "rope_parameters",
-        "use_return_dict",
-        "torchscript",
-        "use_bfloat16",
-        "tf_legacy_loss",
-        "pruned_heads",
-        "tie_word_embeddings",
-        "is_decoder",
-        "cross_attention_hidden_size",
-        "add_cross_attention",
-        "tie_encoder_decoder",
-        "finetuning_task",
-        "tokenizer_class",
-        "prefix",
-        "bos_token_id",
-        "pad_token_id",
-        "eos_token_id",
-        "sep_token_id",
-        "decoder_start_token_id",
-        "task_specific_params",
-    }
-)
-
-
-@functools.cache
-def _pretrained_config_keys() -> frozenset[str]:
-    """Every key `PretrainedConfig` accepts: its fields, PRETRAINED_CONFIG_KEYS and the generation settings."""
-    keys = set(PRETRAINED_CONFIG_KEYS) | {field.name for field in dataclasses.fields(PretrainedConfig)}
-    try:
-        from transformers import GenerationConfig
-
-        # Old config.json files hold generation settings, which PretrainedConfig drops.
-        keys |= set(GenerationConfig._get_default_generation_params())
-    except (ImportError, AttributeError):  # a private helper, absent from some transformers versions
-        pass
-    return frozenset(keys)
-
-
-def check_num_labels(num_labels: Any) -> None:
-    """Refuse a `num_labels` given as anything but a positive integer (None: not given)."""
-    if num_labels is not None and not _is_positive_int(num_labels):
-        raise ValueError(
-            f"`num_labels` must be a positive integer (one logit per class, 1 for regression), got {num_labels!r}."
-        )
-
-
-def init_settings(config_class: type) -> set[str]:
-    """The named keyword arguments of a config class's `__init__`."""
-    parameters = inspect.signature(config_class.__init__).parameters.values()
-    return {p.name for p in parameters if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
-
-
-# True while `from_dict` builds a config: a config.json may hold attributes set on a config at run time (as
-# transformers' own tests do), so unknown keys read from a file are warned about, not refused.
-_LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("ni_hf_loading_config", default=False)
-
-
-def check_config_keys(config_class: type, own_keys: Iterable[str], kwargs: Iterable[str]) -> None:
-    """Refuse keyword arguments that are neither the config's own settings nor `PretrainedConfig`'s.
-
-    Keys starting with "_" (transformers' private state) pass; a misspelt key is named with the closest setting.
-    While `from_dict` loads a file, an unknown key is a warning instead.
-    """
-    own = set(own_keys)
-    known = own | _pretrained_config_keys()
-    unknown = [key for key in kwargs if not key.startswith("_") and key not in known]
-    if not unknown:
-        return
-    closest = {key: difflib.get_close_matches(key, sorted(known), n=1) for key in unknown}
-    named = ", ".join(
-        f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key) for key, close in closest.items()
-    )
-    listed = (
-        "" if all(closest.values()) else f" Its own settings are {sorted(own)}, besides PretrainedConfig's."
-    )
-    message = f"{config_class.__name__} got unknown setting(s) {named}.{listed}"
-    if _LOADING.get():
-        logger.warning(f"{message} Kept as attributes; the model does not read them.")
-        return
-    raise TypeError(message)
-
-
-# Label names that `from_paper` gives a preset unless the caller sets the labels (kept out of PAPER_PRESETS,
-# where they would override a caller's `num_labels`).
+# Label names that `from_paper` gives a preset unless the caller sets the labels.
 PRESET_ID2LABEL: dict[str, dict[int, str]] = {"digits": {i: str(i) for i in range(10)}}
 
 
-def validate_task_names(task_names: Any) -> list[str]:
-    """A new list of the task names; a ValueError unless they are a non-empty sequence of distinct names."""
-    # A string is iterable: list("mnist") would silently make five one-letter tasks.
-    if isinstance(task_names, (str, bytes)):
-        raise ValueError(f"`task_names` must be a list of names, got the string {task_names!r}.")
-    # A task's index is its id: a set's order changes from one process to the next.
-    if isinstance(task_names, (set, frozenset)):
-        raise ValueError(f"`task_names` must be an ordered list of names, got the set {task_names!r}.")
-    try:
-        names = list(task_names)
-    except TypeError:
-        raise ValueError(f"`task_names` must be a list of names, got {task_names!r}.") from None
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"`task_names` must hold non-empty strings, got {name!r} in {names!r}.")
-    if not names:
-        raise ValueError("`task_names` must name at least one task, got an empty list.")
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"`task_names` must be distinct, got {repeated} more than once in {names!r}.")
-    return [str(name) for name in names]
+# --- field validators: each refuses a bad value at construction and on assignment --------------------------
 
 
-def _is_real(value: Any) -> bool:
-    """Whether `value` is a finite int or float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+@as_validated_field
+def boolean(value: Any) -> None:
+    # bool(value) would read any non-empty string ("no", "false") as True.
+    if not isinstance(value, bool):
+        raise InvalidSetting(f"must be True or False, got {value!r}.")
 
 
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+@as_validated_field
+def function_iterations(value: Any) -> None:
+    counts = value if isinstance(value, (list, tuple)) else [value]
+    if not counts or not all(is_positive_int(count) for count in counts):
+        raise InvalidSetting(
+            f"must be a positive integer or a list of positive integers (one per script), got {value!r}."
+        )
 
 
-def _preset_settings(
-    presets: dict[str, dict[str, Any]],
-    labels: dict[str, dict[int, str]],
-    name: str,
-    overrides: dict[str, Any],
-) -> dict[str, Any]:
-    """A preset's settings with the caller's overrides, and its label names unless the caller sets labels."""
-    settings = {**presets[name], **overrides}
-    if "id2label" in overrides and "num_labels" not in overrides:
-        # The caller's id2label sets the number of labels; the preset's num_labels would conflict with it.
-        settings.pop("num_labels", None)
-    id2label = labels.get(name)
-    if (
-        id2label is not None
-        and not {"id2label", "label2id"} & overrides.keys()
-        and settings.get("num_labels") == len(id2label)
-    ):
-        settings["id2label"] = dict(id2label)
-        settings["label2id"] = {label: i for i, label in id2label.items()}
-    return settings
+@as_validated_field
+def position_placement(value: Any) -> None:
+    if value not in POSITION_PLACEMENTS:
+        raise InvalidSetting(f"must be one of {POSITION_PLACEMENTS}, got {value!r}.")
 
 
-class NeuralInterpreterConfig(PretrainedConfig):
+def real_field(
+    default: float | None,
+    *,
+    greater_than: float | None = None,
+    at_least: float | None = None,
+    within: tuple[float, float] | None = None,
+    optional: bool = False,
+    why: str = "",
+) -> Any:
+    """A field holding a finite int or float: > `greater_than`, >= `at_least`, or in [low, high) for `within`."""
+    prefix = "None or " if optional else ""
+
+    def check(value: Any) -> None:
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidSetting(f"must be {prefix}a finite real number (int or float), got {value!r}.")
+        if greater_than is not None and not value > greater_than:
+            raise InvalidSetting(f"must be {prefix}> {greater_than:g}{why}, got {value!r}.")
+        if at_least is not None and not value >= at_least:
+            raise InvalidSetting(f"must be {prefix}>= {at_least:g}{why}, got {value!r}.")
+        if within is not None and not within[0] <= value < within[1]:
+            raise InvalidSetting(f"must lie in [{within[0]:g}, {within[1]:g}){why}, got {value!r}.")
+
+    return validated_field(check, default=default)
+
+
+@named_errors
+@strict
+class NeuralInterpreterConfig(MultiTaskConfigMixin, PreTrainedConfig):
     r"""Configuration of a Neural Interpreter: scripts of functions routed by type-signature matching.
+
+    `dataclasses.fields(NeuralInterpreterConfig)` lists every setting (with `PreTrainedConfig`'s); a bad value is
+    refused when the config is built and when it is assigned, naming the setting and what was expected.
+    `ARCHITECTURE_FIELDS` lists those a built model cannot take edits to.
 
     Args:
         hidden_size: dimension d of every set element (token).
@@ -281,7 +224,7 @@ class NeuralInterpreterConfig(PretrainedConfig):
         type_inference_depth: number of Linear layers of the type-inference MLP.
         type_inference_hidden_size: width of the type-inference MLP.
         type_dim: dimension of the type space (types t_i and signatures s_u).
-        truncation_tau: truncation threshold of the kernel, in [0, 2); distance d > tau gives C~ = 0.
+        truncation_tau: truncation threshold of the kernel (Eq. 3), in [0, 2); distance d > tau gives C~ = 0.
         sigma_init: initial value of the learnable kernel bandwidth sigma.
         kernel_eps: epsilon of the compatibility normalisation (Eq. 4).
         attention_eps: epsilon of the modulated attention normalisation (Eq. 6).
@@ -291,7 +234,8 @@ class NeuralInterpreterConfig(PretrainedConfig):
             then not trainable parameters).
         image_size / patch_size / num_channels: image geometry; patches are patch_size x patch_size.
         use_relative_positional_bias: per-function relative positional bias between patch tokens.
-        task_names: one learned CLS token and one LayerNorm + Linear head per task (unless shared).
+        task_names: one learned CLS token and one LayerNorm + Linear head per task (unless shared); None: one
+            task, "default".
         share_task_tokens: if True, one CLS token and one head are shared by all tasks (the reference).
         default_task: index of the task used when `task_ids` is not given (e.g. by `pipeline`).
         num_input_variables: number of scalar inputs of set-regression models (fuzzy Boolean).
@@ -303,6 +247,14 @@ class NeuralInterpreterConfig(PretrainedConfig):
             residual carries them on), and type inference sees the set without them: the reference's default
             for set inputs (`layerwise_positional_encoding=True`, `pre_positional_encoding=False`). Set
             inputs only: the image classifier refuses "every_loc" (its patches carry relative positions).
+        num_context_panels: context panels of a PGM puzzle (the 3x3 matrix without its last panel), each with a
+            learned embedding of its matrix position; every candidate gets the embedding of the missing one.
+        num_choices: candidate panels of a PGM puzzle; the multiple-choice model scores each (`num_labels` = 1).
+        panel_size: side of the square panels the panel CNN reads (80 in WReN).
+        panel_channels: channels of each panel (1: PGM panels are grey-scale).
+        panel_cnn_channels: channels of each convolution of the panel CNN.
+        panel_cnn_layers: 3x3 convolutions of stride 2 (each with BatchNorm and ReLU) in the panel CNN, followed
+            by a Linear map of its `panel_feature_dim` features to hidden_size.
         hidden_dropout_prob / attention_probs_dropout_prob: dropout on LOC outputs / attention weights.
         initializer_range: std of the truncated-normal init of Linear weights; None keeps PyTorch's
             default Linear init (as the reference implementation does).
@@ -311,107 +263,75 @@ class NeuralInterpreterConfig(PretrainedConfig):
 
     model_type = "neural_interpreter"
 
-    def __init__(
-        self,
-        hidden_size: int = 192,
-        code_dim: int = 192,
-        num_scripts: int = 1,
-        num_function_iterations: int | list[int] = 8,
-        num_loc_layers: int = 1,
-        num_functions: int = 5,
-        num_attention_heads: int = 4,
-        attention_head_size: int = 128,
-        type_inference_depth: int = 2,
-        type_inference_hidden_size: int = 192,
-        type_dim: int = 24,
-        truncation_tau: float = 1.4,
-        sigma_init: float = 1.0,
-        kernel_eps: float = 1e-6,
-        attention_eps: float = 1e-6,
-        straight_through: bool = False,
-        outer_residual: bool = False,
-        freeze_signatures: bool = True,
-        freeze_codes: bool = False,
-        freeze_patch_embedding: bool = False,
-        image_size: int = 32,
-        patch_size: int = 4,
-        num_channels: int = 3,
-        use_relative_positional_bias: bool = True,
-        task_names: list[str] | None = None,
-        share_task_tokens: bool = False,
-        default_task: int = 0,
-        num_input_variables: int = 5,
-        input_position_embedding_std: float = 1.0,
-        input_position_embedding_placement: str = "input",
-        hidden_dropout_prob: float = 0.0,
-        attention_probs_dropout_prob: float = 0.0,
-        initializer_range: float | None = None,
-        layer_norm_eps: float = 1e-5,
-        **kwargs: Any,
-    ) -> None:
-        self.hidden_size = hidden_size
-        self.code_dim = code_dim
-        self.num_scripts = num_scripts
-        self.num_function_iterations = num_function_iterations
-        self.num_loc_layers = num_loc_layers
-        self.num_functions = num_functions
-        self.num_attention_heads = num_attention_heads
-        self.attention_head_size = attention_head_size
-        self.type_inference_depth = type_inference_depth
-        self.type_inference_hidden_size = type_inference_hidden_size
-        self.type_dim = type_dim
-        self.truncation_tau = truncation_tau
-        self.sigma_init = sigma_init
-        self.kernel_eps = kernel_eps
-        self.attention_eps = attention_eps
-        self.straight_through = straight_through
-        self.outer_residual = outer_residual
-        self.freeze_signatures = freeze_signatures
-        self.freeze_codes = freeze_codes
-        self.freeze_patch_embedding = freeze_patch_embedding
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.num_channels = num_channels
-        self.use_relative_positional_bias = use_relative_positional_bias
-        self.task_names = validate_task_names(task_names) if task_names is not None else ["default"]
-        self.share_task_tokens = share_task_tokens
-        self.default_task = default_task
-        self.num_input_variables = num_input_variables
-        self.input_position_embedding_std = input_position_embedding_std
-        self.input_position_embedding_placement = input_position_embedding_placement
-        self.hidden_dropout_prob = hidden_dropout_prob
-        self.attention_probs_dropout_prob = attention_probs_dropout_prob
-        self.initializer_range = initializer_range
-        self.layer_norm_eps = layer_norm_eps
-        check_config_keys(type(self), init_settings(type(self)), kwargs)
-        check_num_labels(kwargs.get("num_labels"))
-        super().__init__(**kwargs)
-        self.validate_neural_interpreter()
+    hidden_size: int = positive_int(default=192)
+    code_dim: int = positive_int(default=192)
+    num_scripts: int = positive_int(default=1)
+    num_function_iterations: int | list[int] | tuple[int, ...] = function_iterations(default=8)
+    num_loc_layers: int = positive_int(default=1)
+    num_functions: int = positive_int(default=5)
+    num_attention_heads: int = positive_int(default=4)
+    attention_head_size: int = positive_int(default=128)
+    type_inference_depth: int = positive_int(default=2)
+    type_inference_hidden_size: int = positive_int(default=192)
+    type_dim: int = positive_int(default=24)
+    truncation_tau: float = real_field(1.4, within=(0, 2), why=" (distances 1 - s.t lie in [0, 2])")
+    sigma_init: float = real_field(1.0, greater_than=0)
+    # Eqs. 4 and 6 divide by eps + a sum that is 0 where every weight is truncated: eps = 0 gives 0/0 = NaN.
+    kernel_eps: float = real_field(1e-6, greater_than=0)
+    attention_eps: float = real_field(1e-6, greater_than=0)
+    straight_through: bool = boolean(default=False)
+    outer_residual: bool = boolean(default=False)
+    freeze_signatures: bool = boolean(default=True)
+    freeze_codes: bool = boolean(default=False)
+    freeze_patch_embedding: bool = boolean(default=False)
+    image_size: int = positive_int(default=32)
+    patch_size: int = positive_int(default=4)
+    num_channels: int = positive_int(default=3)
+    use_relative_positional_bias: bool = boolean(default=True)
+    task_names: list[str] | tuple[str, ...] | None = validated_field(check_task_names, default=None)
+    share_task_tokens: bool = boolean(default=False)
+    default_task: int = validated_field(check_task_index, default=0)
+    num_input_variables: int = positive_int(default=5)
+    input_position_embedding_std: float = real_field(1.0, at_least=0)
+    input_position_embedding_placement: str = position_placement(default="input")
+    num_context_panels: int = positive_int(default=8)
+    num_choices: int = positive_int(default=8)
+    panel_size: int = positive_int(default=80)
+    panel_channels: int = positive_int(default=1)
+    panel_cnn_channels: int = positive_int(default=32)
+    panel_cnn_layers: int = positive_int(default=4)
+    hidden_dropout_prob: float = real_field(0.0, within=(0, 1))
+    attention_probs_dropout_prob: float = real_field(0.0, within=(0, 1))
+    initializer_range: float | None = real_field(None, greater_than=0, optional=True)
+    # LayerNorm divides by sqrt(var + eps): NaN wherever var < -eps, and 1/0 on constant inputs at eps = 0.
+    layer_norm_eps: float = real_field(1e-5, greater_than=0)
 
     @classmethod
-    def from_paper(cls, name: str, **overrides: Any) -> NeuralInterpreterConfig:
-        """Config of a preset of the paper's appendix tables: "digits", "fuzzy_boolean" or "pgm"."""
+    def from_paper(cls, name: str, regime: str | None = None, **overrides: Any) -> NeuralInterpreterConfig:
+        """Config of a preset of the paper's appendix tables: "digits", "fuzzy_boolean" or "pgm".
+
+        `regime` (the "pgm" preset only, "neutral" when not given) picks that PGM regime's tau, type_dim and
+        frozen signatures, by DeepMind's names (`PGM_REGIMES`); "attrs.shape.color" and "attrs.line.type", which
+        the paper leaves out, get the neutral regime's.
+        """
         if name not in PAPER_PRESETS:
             raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(PAPER_PRESETS)}.")
-        return cls(**_preset_settings(PAPER_PRESETS, PRESET_ID2LABEL, name, overrides))
-
-    @classmethod
-    def from_dict(
-        cls, config_dict: dict[str, Any], **kwargs: Any
-    ) -> NeuralInterpreterConfig | tuple[NeuralInterpreterConfig, dict[str, Any]]:
-        """As `PretrainedConfig.from_dict` (unknown keys warned about), validated again after the kwargs are set."""
-        loading = _LOADING.set(True)
-        try:
-            result = super().from_dict(config_dict, **kwargs)
-        finally:
-            _LOADING.reset(loading)
-        config = result[0] if isinstance(result, tuple) else result
-        if config.task_names is None:
-            config.task_names = ["default"]
-        else:
-            config.task_names = validate_task_names(config.task_names)
-        config.validate_neural_interpreter()
-        return result
+        preset = dict(PAPER_PRESETS[name])
+        if name == "pgm":
+            regime = "neutral" if regime is None else regime
+            if regime not in PGM_REGIMES:
+                raise ValueError(f"Unknown PGM regime {regime!r}; expected one of {list(PGM_REGIMES)}.")
+            if regime in PGM_REGIMES_NOT_IN_THE_PAPER:
+                logger.warning(
+                    f"The paper selects no hyper-parameters for the PGM regime {regime!r}; using the neutral "
+                    f"regime's ({PGM_REGIMES[regime]})."
+                )
+            preset.update(PGM_REGIMES[regime])
+        elif regime is not None:
+            raise ValueError(
+                f"`regime` applies to the 'pgm' preset only, got regime={regime!r} for {name!r}."
+            )
+        return cls(**preset_settings(preset, PRESET_ID2LABEL.get(name), overrides))
 
     # --- derived sizes -------------------------------------------------------------------------
 
@@ -422,132 +342,25 @@ class NeuralInterpreterConfig(PretrainedConfig):
         return [int(n)] * self.num_scripts if isinstance(n, int) else [int(k) for k in n]
 
     @property
-    def num_tasks(self) -> int:
-        return len(self.task_names)
-
-    @property
     def num_task_tokens(self) -> int:
         """CLS tokens prepended to every sample (one per task, whatever the sample's own task)."""
         return self.num_tasks
 
-    @property
-    def grid_size(self) -> int:
-        return self.image_size // self.patch_size
+    # --- class validators: rules across settings, run at construction and by `validate()` ------------------
 
-    @property
-    def num_patches(self) -> int:
-        return self.grid_size**2
-
-    @property
-    def patch_dim(self) -> int:
-        return self.patch_size * self.patch_size * self.num_channels
-
-    def validate(self) -> None:
-        """transformers' checks, then ours: run by `save_pretrained`, and by the models on a config changed in place."""
-        if hasattr(super(), "validate"):
-            super().validate()
-        self.validate_neural_interpreter()
-
-    def validate_neural_interpreter(self) -> None:
-        """Raise a ValueError naming what was expected for any inconsistent hyperparameter."""
-        positive = [
-            "hidden_size",
-            "code_dim",
-            "num_scripts",
-            "num_loc_layers",
-            "num_functions",
-            "num_attention_heads",
-            "attention_head_size",
-            "type_inference_depth",
-            "type_inference_hidden_size",
-            "type_dim",
-            "image_size",
-            "patch_size",
-            "num_channels",
-            "num_input_variables",
-        ]
-        for name in positive:
-            value = getattr(self, name)
-            if not _is_positive_int(value):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        for name in FLOAT_SETTINGS:
-            value = getattr(self, name)
-            if not _is_real(value):
-                raise ValueError(f"`{name}` must be a finite real number (int or float), got {value!r}.")
-        if self.initializer_range is not None and not _is_real(self.initializer_range):
-            raise ValueError(
-                "`initializer_range` must be None or a finite real number (int or float), got "
-                f"{self.initializer_range!r}."
-            )
-        for name in BOOL_SETTINGS:
-            value = getattr(self, name)
-            # bool(value) would read any non-empty string ("no", "false") as True.
-            if not isinstance(value, bool):
-                raise ValueError(f"`{name}` must be True or False, got {value!r}.")
+    def validate_function_iterations(self) -> None:
         n = self.num_function_iterations
-        if isinstance(n, int) and not isinstance(n, bool):
-            if n < 1:
-                raise ValueError(f"`num_function_iterations` must be >= 1, got {n}.")
-        elif not (
-            isinstance(n, (list, tuple))
-            and len(n) == self.num_scripts
-            and all(_is_positive_int(k) for k in n)
+        if isinstance(n, (list, tuple)) and (
+            len(n) != self.num_scripts or not all(is_positive_int(k) for k in n)
         ):
             raise ValueError(
-                "`num_function_iterations` must be a positive int or a list of one positive int per script "
-                f"(num_scripts={self.num_scripts}), got {n!r}."
+                "`num_function_iterations` must be one positive integer for all scripts or a list of one per "
+                f"script (num_scripts={self.num_scripts}), got {n!r}."
             )
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
-                f"({self.num_attention_heads}): values use hidden_size / heads features per head."
-            )
-        if not 0.0 <= self.truncation_tau < 2.0:
-            raise ValueError(
-                f"`truncation_tau` must lie in [0, 2) (distances 1 - s.t lie in [0, 2]), got {self.truncation_tau}."
-            )
-        if self.sigma_init <= 0:
-            raise ValueError(f"`sigma_init` must be > 0, got {self.sigma_init}.")
-        # Eqs. 4 and 6 divide by eps + a sum that is 0 where every weight is truncated: eps = 0 gives 0/0 = NaN.
-        for name in ("kernel_eps", "attention_eps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}.")
-        if self.input_position_embedding_std < 0:
-            raise ValueError(
-                f"`input_position_embedding_std` must be >= 0, got {self.input_position_embedding_std!r}."
-            )
-        # `num_labels = n` sets id2label; n <= 0 leaves it empty, and the heads would give empty logits.
-        if not self.id2label:
-            raise ValueError(
-                "`num_labels` must be a positive integer (one logit per class, 1 for regression), got "
-                f"{self.num_labels!r} (id2label={self.id2label!r})."
-            )
-        # LayerNorm divides by sqrt(var + eps): NaN wherever var < -eps, and 1/0 on constant inputs at eps = 0.
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"`layer_norm_eps` must be > 0, got {self.layer_norm_eps!r}.")
-        if self.initializer_range is not None and self.initializer_range <= 0:
-            raise ValueError(f"`initializer_range` must be None or > 0, got {self.initializer_range!r}.")
-        if self.input_position_embedding_placement not in POSITION_PLACEMENTS:
-            raise ValueError(
-                f"`input_position_embedding_placement` must be one of {POSITION_PLACEMENTS}, got "
-                f"{self.input_position_embedding_placement!r}."
-            )
-        if self.image_size % self.patch_size:
-            raise ValueError(
-                f"`patch_size` ({self.patch_size}) must divide `image_size` ({self.image_size})."
-            )
-        validate_task_names(self.task_names)
-        if not isinstance(self.default_task, int) or isinstance(self.default_task, bool):
-            raise ValueError(
-                f"`default_task` must be an integer index of `task_names`, got {self.default_task!r}."
-            )
-        if not 0 <= self.default_task < len(self.task_names):
-            raise ValueError(
-                f"`default_task` must index `task_names` (0..{len(self.task_names) - 1}), got {self.default_task}."
-            )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"`{name}` must lie in [0, 1), got {getattr(self, name)}.")
+
+
+# The models call this name; assigned after `@strict` collected the class validators, so it is not one of them.
+NeuralInterpreterConfig.validate_neural_interpreter = NeuralInterpreterConfig.validate
 
 
 def vit_baseline_config(**overrides: Any):
@@ -567,4 +380,11 @@ def vit_baseline_config(**overrides: Any):
     return ViTConfig(**{**settings, **overrides})
 
 
-__all__ = ["NeuralInterpreterConfig", "PAPER_PRESETS", "validate_task_names", "vit_baseline_config"]
+__all__ = [
+    "ARCHITECTURE_FIELDS",
+    "NeuralInterpreterConfig",
+    "PAPER_PRESETS",
+    "PGM_REGIMES",
+    "validate_task_names",
+    "vit_baseline_config",
+]

@@ -26,13 +26,19 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput, ModelOutput
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    ImageClassifierOutput,
+    ModelOutput,
+    MultipleChoiceModelOutput,
+)
 from transformers.utils import logging
 from transformers.utils.generic import GeneralInterface, can_return_tuple
 
 from .configuration_neural_interpreter import NeuralInterpreterConfig, validate_task_names
 from .image_processing_neural_interpreter import patchify
-from .input_checks import check_forward, check_not_empty, check_tensor, index_list
+from .input_checks import check_forward, check_not_empty, check_tensor, cross_entropy_loss, index_list
+from .panel_embedding import PanelEmbedding
 
 logger = logging.get_logger(__name__)
 
@@ -64,6 +70,16 @@ class NeuralInterpreterModelOutput(BaseModelOutputWithPooling):
 class NeuralInterpreterImageClassifierOutput(ImageClassifierOutput):
     """Output of the multi-task image classifier: `loss` and `logits` (B, num_labels) of each sample's own task
     head; `hidden_states`, `attentions`, `compatibilities` and `types` as in `NeuralInterpreterModelOutput`."""
+
+    compatibilities: tuple[torch.FloatTensor, ...] | None = None
+    types: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class NeuralInterpreterMultipleChoiceOutput(MultipleChoiceModelOutput):
+    """Output of the multiple-choice model (PGM puzzles): cross-entropy `loss` over the choices and their scores
+    `logits` (B, num_choices); the routing fields of `NeuralInterpreterModelOutput` come for the B * num_choices
+    sets (CLS token, context panels, one candidate), sample b's candidate k at row b * num_choices + k."""
 
     compatibilities: tuple[torch.FloatTensor, ...] | None = None
     types: tuple[torch.FloatTensor, ...] | None = None
@@ -557,7 +573,7 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
         `config.num_functions = 7`): the saved config would describe another model."""
         self.config.validate_neural_interpreter()
         with torch.device("meta"):
-            expected = type(self)(self.config).state_dict()
+            expected = type(self)(self.config, **self.construction_arguments()).state_dict()
         actual = self.state_dict()
         differ = [
             f"{name}: {tuple(tensor.shape)} for the config, {tuple(actual[name].shape)} in the model"
@@ -575,6 +591,10 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
                 "reset_tasks / add_tasks and functions with add_functions, or build a new model from the config."
             )
 
+    def construction_arguments(self) -> dict[str, Any]:
+        """The constructor's arguments besides the config (none; the backbone's say whether it embeds patches)."""
+        return {}
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """Signatures, codes, task tokens ~ N(0, 1); Linear weights: PyTorch's default or truncated normal."""
@@ -586,9 +606,20 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
                 init.trunc_normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, nn.Conv2d):
+            init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+            if module.bias is not None:
+                fan_in = module.weight[0].numel()
+                init.uniform_(module.bias, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
+        elif isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+            if isinstance(module, nn.BatchNorm2d):
+                init.zeros_(module.running_mean)
+                init.ones_(module.running_var)
+                init.zeros_(module.num_batches_tracked)
+        elif isinstance(module, PanelEmbedding):
+            init.normal_(module.position_embeddings, std=self.config.input_position_embedding_std)
         elif isinstance(module, NeuralInterpreterScript):
             init.normal_(module.signatures)
             init.normal_(module.codes)
@@ -615,6 +646,9 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         self.scripts = nn.ModuleList(NeuralInterpreterScript(config) for _ in range(config.num_scripts))
         self.post_init()
         self.apply_freezing()
+
+    def construction_arguments(self) -> dict[str, Any]:
+        return {"add_patch_embedding": self.patch_embedding is not None}
 
     def apply_freezing(self) -> None:
         """Make the tensors the config freezes non-trainable (so optimizers and DDP never see them)."""
@@ -894,10 +928,7 @@ def classification_loss(
                 f"Single-label classification needs integer class indices of shape (batch,), got "
                 f"{labels.dtype} labels of shape {tuple(labels.shape)}."
             )
-        labels = labels.long().reshape(-1)
-        # Mean over the labelled samples; sum / max(count, 1) is 0, not 0/0, when every label is -100.
-        losses = F.cross_entropy(logits, labels, reduction="sum", ignore_index=-100)
-        loss = losses / (labels != -100).sum().clamp_min(1)
+        loss = cross_entropy_loss(logits, labels, "class")
     else:
         if labels.shape != logits.shape or not labels.is_floating_point():
             raise ValueError(
@@ -1151,6 +1182,78 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         )
 
 
+class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
+    """Multiple choice for PGM puzzles (section 4.3): each candidate's set of 10 elements (a CLS token, the 8 context
+    panels, the candidate) through the interpreter; a head scores the CLS output; softmax over the candidates."""
+
+    # Checkpoints of the other heads share the config class, not the parameters: nothing to ignore on load.
+    def __init__(self, config: NeuralInterpreterConfig) -> None:
+        if config.use_relative_positional_bias or config.num_labels != 1 or config.num_tasks != 1:
+            raise ValueError(
+                "NeuralInterpreterForMultipleChoice scores each candidate with one CLS token and one output: it needs "
+                "use_relative_positional_bias=False, num_labels=1 and one task (the 'pgm' preset's values), got "
+                f"{config.use_relative_positional_bias}, {config.num_labels} and {config.num_tasks} tasks."
+            )
+        super().__init__(config)
+        self.panel_embedding = PanelEmbedding(config)
+        self.neural_interpreter = NeuralInterpreterModel(config, add_patch_embedding=False)
+        self.scorer = TaskHead(config.hidden_size, 1, config.layer_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.panel_embedding
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.panel_embedding = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_routing: bool = False,
+        num_function_iterations: int | Sequence[int] | None = None,
+        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
+        output_attentions: bool | None = None,
+    ) -> NeuralInterpreterMultipleChoiceOutput:
+        r"""Scores (B, num_choices) of the candidates; cross-entropy against `labels` (B,), the correct ones.
+
+        Args:
+            pixel_values: (B, 16, 1, 80, 80) panels, the 8 context panels then the 8 candidates, from
+                `NeuralInterpreterPanelProcessor`.
+            labels: (B,) index of each puzzle's correct candidate (-100: not counted).
+            Other arguments as in `NeuralInterpreterModel.forward`.
+        """
+        check_tensor("pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them")
+        check_not_empty(pixel_values.shape[0])
+        context, candidates = self.panel_embedding(pixel_values)  # each panel once: (B, 8, d), (B, K, d)
+        outputs = self.neural_interpreter(
+            inputs_embeds=PanelEmbedding.candidate_sets(
+                context, candidates
+            ),  # candidates folded into the batch
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            output_routing=output_routing,
+            num_function_iterations=num_function_iterations,
+            disabled_functions=disabled_functions,
+            check_finite=False,
+        )
+        logits = self.scorer(outputs.pooler_output[:, 0]).view(candidates.shape[0], candidates.shape[1])
+        labels = None if labels is None else torch.as_tensor(labels)
+        if self.checks_finite:
+            inputs = {"pixel_values": pixel_values, "labels": labels}
+            check_forward(self, inputs, {"logits": logits}, outputs.routing_peak)
+        return NeuralInterpreterMultipleChoiceOutput(
+            loss=None if labels is None else cross_entropy_loss(logits, labels, "candidate"),
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            compatibilities=outputs.compatibilities,
+            types=outputs.types,
+        )
+
+
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
     "FunctionIteration",
@@ -1159,7 +1262,9 @@ __all__ = [
     "ModMLP",
     "NeuralInterpreterAttentionInterface",
     "NeuralInterpreterForImageClassification",
+    "NeuralInterpreterForMultipleChoice",
     "NeuralInterpreterForSetRegression",
+    "NeuralInterpreterMultipleChoiceOutput",
     "NeuralInterpreterImageClassifierOutput",
     "NeuralInterpreterModel",
     "NeuralInterpreterModelOutput",

@@ -1,0 +1,1 @@
+../neural_interpreter/panel_embedding.py
