@@ -8,8 +8,9 @@ which function takes which patch at which iteration update at once.
     python demo/app.py --model CKPT_OR_HUB_ID --port 7860
     NI_DEMO_MODEL=CKPT python demo/app.py   # the same through the environment (as a Space would set it)
 
-Runs on a CPU. Without --model / NI_DEMO_MODEL it uses runs/quickstart (the README's quickstart command) if
-present, else runs/demo-quickstart, which it trains on first start (demo/quickstart.py, a few minutes on 2 cores).
+Runs on a CPU. Without --model / NI_DEMO_MODEL it uses runs/quickstart, the model of the README's quickstart command,
+and runs that command first when the folder holds no model (demo/quickstart.py, a few minutes on 2 cores). A
+checkpoint whose weights do not fit a Neural Interpreter is refused (--allow_mismatched_weights shows it anyway).
 """
 
 from __future__ import annotations
@@ -32,33 +33,28 @@ except ImportError:  # a checkout without `pip install -e .`: the package sits i
     sys.path.insert(0, str(ROOT / "src"))
     import ni_hf
 from ni_hf import visualization as vis  # noqa: E402
+from ni_hf.training.checkpoints import load_checked  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from quickstart import train_quickstart_model  # noqa: E402
+from quickstart import QUICKSTART_OUTPUT_DIR, train_quickstart_model  # noqa: E402
 
-README_QUICKSTART = ROOT / "runs" / "quickstart"
+README_QUICKSTART = QUICKSTART_OUTPUT_DIR
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
-    """(checkpoint path or Hub id, a note for the page): the given one, the quickstart's, or one trained now."""
+    """(checkpoint path or Hub id, a note for the page): the given one, else the README quickstart's, trained now
+    when absent."""
     model = model or os.environ.get("NI_DEMO_MODEL")
     if model:
         return model, f"Model: `{model}`."
     if (README_QUICKSTART / "config.json").is_file():
         return str(README_QUICKSTART), f"Model: the README's quickstart model (`{README_QUICKSTART}`)."
-    cache = Path(os.environ.get("NI_DEMO_CACHE", ROOT / "runs" / "demo-quickstart"))
-    if (cache / "config.json").is_file():
-        return str(
-            cache
-        ), f"Model: the quickstart model that this demo trained on an earlier start (`{cache}`)."
-    print(
-        f"No checkpoint given or found: training the quickstart model into {cache} (a few minutes on a CPU)."
-    )
-    result = train_quickstart_model(cache)
-    return str(cache), (
-        f"No checkpoint was given or found, so this demo **trained the quickstart model just now** on scikit-learn's "
-        f"8x8 digits ({result['train_seconds']:.0f} s, {result['test_accuracy']:.1%} on the 360 held-out digits; "
-        f"saved to `{cache}`)."
+    print(f"No checkpoint given or found: training the README's quickstart model into {README_QUICKSTART}.")
+    result = train_quickstart_model(README_QUICKSTART)
+    return str(README_QUICKSTART), (
+        f"No checkpoint was given or found, so this demo **trained the README's quickstart model just now** on "
+        f"scikit-learn's 8x8 digits ({result['train_seconds']:.0f} s, {result['test_accuracy']:.1%} on the 360 "
+        f"held-out digits; saved to `{README_QUICKSTART}`)."
     )
 
 
@@ -89,8 +85,9 @@ def prepare_digit(image: Image.Image) -> Image.Image:
 class InterpreterDemo:
     """The model and its processor; `run` gives the predictions and the computational path for the controls."""
 
-    def __init__(self, model: str) -> None:
-        self.model = ni_hf.NeuralInterpreterForImageClassification.from_pretrained(model).eval()
+    def __init__(self, model: str, allow_mismatched_weights: bool = False) -> None:
+        model_class = ni_hf.NeuralInterpreterForImageClassification
+        self.model = load_checked(model_class, model, allow_mismatched_weights, option="--model").eval()
         self.processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(model)
         config = self.model.config
         self.task_names = list(config.task_names)
@@ -102,6 +99,16 @@ class InterpreterDemo:
         self, image: Image.Image, task: str, iterations: int, switched_off: list[str]
     ) -> tuple[dict[str, float], Image.Image, str]:
         """(class probabilities, the computational path picture, a one-line summary)."""
+        if not isinstance(image, Image.Image):
+            raise ValueError(f"image: expected a PIL image of a digit, got {type(image).__name__}.")
+        if task not in self.task_names:
+            raise ValueError(f"task {task!r}: expected one of the model's tasks {self.task_names}.")
+        if not 1 <= int(iterations) <= self.max_iterations:
+            raise ValueError(f"iterations: expected 1 to {self.max_iterations}, got {iterations}.")
+        functions = [f"function {u}" for u in range(self.num_functions)]
+        unknown = [name for name in switched_off if name not in functions]
+        if unknown:
+            raise ValueError(f"switched_off: {unknown} are not among {functions}.")
         digit = prepare_digit(image)
         pixels = self.processor(images=[digit], return_tensors="pt")["pixel_values"]
         off = sorted(int(name.split()[-1]) for name in switched_off)
@@ -193,14 +200,21 @@ def build_app(demo: InterpreterDemo, note: str) -> Any:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Neural Interpreter routing demo")
     parser.add_argument(
-        "--model", default=None, help="checkpoint folder or Hub id (default: NI_DEMO_MODEL, ...)"
+        "--model",
+        default=None,
+        help="checkpoint folder or Hub id (default: NI_DEMO_MODEL, else runs/quickstart)",
+    )
+    parser.add_argument(
+        "--allow_mismatched_weights",
+        action="store_true",
+        help="show a checkpoint whose weights leave parameters of the model missing or have other shapes",
     )
     parser.add_argument("--host", default=None, help="default: GRADIO_SERVER_NAME, else 127.0.0.1")
     parser.add_argument("--port", type=int, default=None, help="default: GRADIO_SERVER_PORT, else 7860")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("NI_DEMO_THREADS", "1")))
     model, note = resolve_model(args.model)
-    app = build_app(InterpreterDemo(model), note)
+    app = build_app(InterpreterDemo(model, args.allow_mismatched_weights), note)
     import gradio as gr
 
     # System fonts: the page then loads nothing from outside the server.

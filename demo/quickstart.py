@@ -1,109 +1,58 @@
-"""A Neural Interpreter of the README quickstart's width (4 functions, 4 function iterations) on scikit-learn's digits.
+"""The demo's model when it is given none: README command 1's run, `examples/run_digits.py --preset quickstart`.
 
-A short plain-PyTorch loop with the quickstart's settings (AdamW 3e-3, betas (0.9, 0.99), batch 64, 30 epochs,
-linear decay), used when no trained checkpoint is at hand: by the demo and by examples/make_readme_figure.py.
-Random shifts of up to 2 pixels stand in for run_digits.py's RandAugment.
+    OMP_NUM_THREADS=1 python examples/run_digits.py --preset quickstart --output_dir runs/quickstart
+
+The preset (`ni_hf.training.presets.DIGITS_PRESETS["quickstart"]`) is the whole recipe: a 78k-parameter Neural
+Interpreter (4 functions, 3 function iterations, no dropout) on scikit-learn's 8x8 digits, 30 epochs with RAdam and
+RandAugment; a few minutes on 2 CPU cores. Used by the demo and by examples/make_readme_figure.py.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-import torch
-
-import ni_hf
-from ni_hf.data.digits import SKLEARN_TASK, load_digits_tasks
-
-QUICKSTART_OVERRIDES = dict(
-    hidden_size=64,
-    code_dim=64,
-    attention_head_size=32,
-    type_inference_hidden_size=64,
-    patch_size=8,
-    num_function_iterations=4,
-    num_functions=4,
-    hidden_dropout_prob=0.1,
-)
+ROOT = Path(__file__).resolve().parents[1]
+RUN_DIGITS = ROOT / "examples" / "run_digits.py"
+QUICKSTART_OUTPUT_DIR = ROOT / "runs" / "quickstart"  # README command 1's --output_dir
 
 
-def _pixels(processor: ni_hf.NeuralInterpreterImageProcessor, images: list) -> torch.Tensor:
-    """Images -> normalised (B, 3, 32, 32) float pixels."""
-    return torch.from_numpy(np.stack(processor(images=images, do_patchify=False)["pixel_values"])).float()
+def quickstart_command(output_dir: str | Path, extra_args: Sequence[str] = ()) -> list[str]:
+    """README command 1 with ``output_dir`` (and ``extra_args`` after it, which win over the preset)."""
+    return [
+        sys.executable,
+        str(RUN_DIGITS),
+        "--preset",
+        "quickstart",
+        "--output_dir",
+        str(output_dir),
+        *extra_args,
+    ]
 
 
-def _shift(pixels: torch.Tensor, generator: torch.Generator, max_shift: int = 2) -> torch.Tensor:
-    """Translate each image by up to max_shift pixels, filling with the background (the minimum value)."""
-    padded = torch.nn.functional.pad(pixels, (max_shift,) * 4, value=float(pixels.min()))
-    size = pixels.shape[-1]
-    offsets = torch.randint(0, 2 * max_shift + 1, (len(pixels), 2), generator=generator)
-    return torch.stack(
-        [
-            p[:, int(i) : int(i) + size, int(j) : int(j) + size]
-            for p, (i, j) in zip(padded, offsets, strict=True)
-        ]
-    )
-
-
-def train_quickstart_model(
-    output_dir: str | Path,
-    epochs: int = 30,
-    seed: int = 0,
-    log: Callable[[str], None] = print,
-) -> dict[str, float]:
-    """Train the quickstart Neural Interpreter on sklearn digits, save model + processor; return test accuracy and time."""
-    torch.manual_seed(seed)
-    data, task_names = load_digits_tasks([SKLEARN_TASK], source="sklearn", seed=seed)
-    config = ni_hf.NeuralInterpreterConfig.from_paper(
-        "digits", task_names=task_names, id2label={i: str(i) for i in range(10)}, **QUICKSTART_OVERRIDES
-    )
-    model = ni_hf.NeuralInterpreterForImageClassification(config)
-    processor = ni_hf.NeuralInterpreterImageProcessor(
-        size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
-    )
-    train_x = _pixels(processor, list(data["train"]["image"]))
-    train_y = torch.tensor(list(data["train"]["label"]))
-    test_x = _pixels(processor, list(data["test"]["image"]))
-    test_y = torch.tensor(list(data["test"]["label"]))
-
-    batch_size = 64
-    steps_per_epoch = -(-len(train_x) // batch_size)
-    total = epochs * steps_per_epoch
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0
-    )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total)
-    generator = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
-    model.train()
-    for epoch in range(epochs):
-        order = torch.randperm(len(train_x), generator=generator)
-        for step in range(steps_per_epoch):
-            idx = order[step * batch_size : (step + 1) * batch_size]
-            x = _shift(train_x[idx], generator)
-            loss = model(
-                pixel_values=x, task_ids=torch.zeros(len(idx), dtype=torch.long), labels=train_y[idx]
-            ).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-        if (epoch + 1) % 5 == 0 or epoch + 1 == epochs:
-            log(f"epoch {epoch + 1}/{epochs}: loss {loss.item():.3f} ({time.perf_counter() - start:.0f} s)")
-    seconds = time.perf_counter() - start
-    model.eval()
-    with torch.no_grad():
-        logits = model(pixel_values=test_x, task_ids=torch.zeros(len(test_x), dtype=torch.long)).logits
-    accuracy = float((logits.argmax(-1) == test_y).float().mean())
-    log(f"test accuracy {accuracy:.2%} on {len(test_x)} held-out digits after {seconds:.0f} s of training")
-    model.save_pretrained(output_dir)
-    processor.save_pretrained(output_dir)
-    return {"test_accuracy": accuracy, "train_seconds": seconds}
+def train_quickstart_model(output_dir: str | Path, extra_args: Sequence[str] = ()) -> dict[str, float]:
+    """Run README command 1 into ``output_dir``, its log on this terminal; return test accuracy and training time."""
+    if not RUN_DIGITS.is_file():
+        raise FileNotFoundError(
+            f"{RUN_DIGITS} is not here (a copy of demo/ alone, as in a Space), and it trains the demo's model: pass "
+            "a trained checkpoint with --model or NI_DEMO_MODEL."
+        )
+    env = {"OMP_NUM_THREADS": "1", **os.environ}  # README command 1's setting, unless the caller chose one
+    src = str(ROOT / "src")  # a checkout without `pip install -e .`
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
+    command = quickstart_command(Path(output_dir).absolute(), extra_args)
+    completed = subprocess.run(command, env=env)
+    if completed.returncode != 0:
+        raise RuntimeError(
+            f"Training the quickstart model failed (exit status {completed.returncode}): {command}"
+        )
+    results = json.loads((Path(output_dir) / "all_results.json").read_text())
+    return {"test_accuracy": results["eval_accuracy"], "train_seconds": results["train_runtime"]}
 
 
 if __name__ == "__main__":
-    import sys
-
-    train_quickstart_model(sys.argv[1] if len(sys.argv) > 1 else "runs/demo-quickstart")
+    train_quickstart_model(sys.argv[1] if len(sys.argv) > 1 else QUICKSTART_OUTPUT_DIR)

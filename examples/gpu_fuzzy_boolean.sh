@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The paper's fuzzy-Boolean experiment (Table 1) on one GPU in one call.
 #
-#   bash examples/gpu_fuzzy_boolean.sh OUT_DIR [full|reduced|quick]
+#   bash examples/gpu_fuzzy_boolean.sh OUT_DIR [full|reduced|quick]   (run_fuzzy_boolean.py's --preset)
 #
-# Stage 1 pre-trains the paper's preset once per seed in $SEEDS (default "0 1"), side by side.
+# Stage 1 pre-trains the paper's model (its fuzzy_boolean config) once per seed in $SEEDS (default "0 1"), side by side.
 # Stage 2 adapts each pre-trained model in six runs side by side: the three settings at the paper's lr 5e-2,
 # 'all' at lr 1e-2, and 'type_inference' and 'all' with the new CLS tokens at 5e-2 and the pre-trained parameters
 # at 6e-3 (--adapt_pretrained_learning_rate). Several processes share the GPU because one step of this small
@@ -14,7 +14,7 @@
 # script again with the same OUT_DIR continues from it (and skips a finished one).
 set -u
 out=${1:?usage: gpu_fuzzy_boolean.sh OUT_DIR [full|reduced|quick]}
-protocol=${2:-full}
+preset=${2:-full}
 pretrain_limit=${PRETRAIN_LIMIT:-330}
 adapt_limit=${ADAPT_LIMIT:-200}
 seeds=${SEEDS:-0 1}
@@ -22,7 +22,7 @@ mkdir -p "$out"
 # Two CPU threads per process: seven processes share the host's cores.
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 python=${PYTHON:-python3}
-common=(--protocol "$protocol" --disable_tqdm true --logging_steps 512 --report_to none)
+common=(--preset "$preset" --disable_tqdm true --logging_steps 512 --report_to none)
 cuda_graphs=""
 "$python" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null &&
     cuda_graphs="--torch_compile true --torch_compile_backend cudagraphs"
@@ -37,7 +37,7 @@ run() { # run SECONDS NAME ARGS... : one run_fuzzy_boolean.py process under `tim
     echo "== $name exited with $? at $(date -u +%H:%M:%S)"
 }
 
-echo "== start $(date -u +%H:%M:%S), protocol $protocol, seeds $seeds, stage limits ${pretrain_limit}s + ${adapt_limit}s"
+echo "== start $(date -u +%H:%M:%S), preset $preset, seeds $seeds, stage limits ${pretrain_limit}s + ${adapt_limit}s"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$python" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__, \
 '| cuda', torch.cuda.is_available())"

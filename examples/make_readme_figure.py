@@ -2,9 +2,9 @@
 
     OMP_NUM_THREADS=1 python examples/make_readme_figure.py
 
-Uses --model (default runs/demo-quickstart, trained first by demo/quickstart.py when absent: the README quickstart's
-width on scikit-learn's digits, a few minutes on 2 cores; `--model runs/quickstart` takes the model of the
-README's run_digits.py command instead) and the 360 test digits of scikit-learn's split. Writes to docs/images/:
+Uses --model (default runs/quickstart, the model of README command 1, `run_digits.py --preset quickstart`, which
+demo/quickstart.py runs first when the folder holds no model: a few minutes on 2 cores) and the 360 test digits of
+scikit-learn's split. Writes to docs/images/:
 computational_path.png (test image --index), type_space.png (types of the first 64 test images, PCA),
 function_usage.png (all 360, by true class) and attention.png (Eq. 6's weights of function 1, head 0, for the first
 image's CLS token at the last function iteration). Needs the `vis` extra.
@@ -22,25 +22,28 @@ import torch
 import ni_hf
 from ni_hf import visualization as vis
 from ni_hf.data.digits import SKLEARN_TASK, load_task_split
+from ni_hf.training.checkpoints import load_checked
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "demo"))
+from quickstart import QUICKSTART_OUTPUT_DIR, train_quickstart_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(ROOT / "runs" / "demo-quickstart"))
+    parser.add_argument("--model", default=str(QUICKSTART_OUTPUT_DIR), help="a Neural Interpreter checkpoint")
     parser.add_argument("--output_dir", default=str(ROOT / "docs" / "images"))
     parser.add_argument(
         "--index", type=int, default=0, help="the test image whose computational path is drawn"
     )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    if not (Path(args.model) / "config.json").is_file():
-        sys.path.insert(0, str(ROOT / "demo"))
-        from quickstart import train_quickstart_model
-
-        train_quickstart_model(args.model)
-    model = ni_hf.NeuralInterpreterForImageClassification.from_pretrained(args.model).eval()
+    if (
+        Path(args.model).absolute() == QUICKSTART_OUTPUT_DIR
+        and not (QUICKSTART_OUTPUT_DIR / "config.json").is_file()
+    ):
+        train_quickstart_model(QUICKSTART_OUTPUT_DIR)
+    model = load_checked(ni_hf.NeuralInterpreterForImageClassification, args.model, option="--model").eval()
     processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(args.model)
     data = load_task_split(SKLEARN_TASK, "test", "sklearn")
     pixels = processor(images=list(data["image"]), return_tensors="pt")["pixel_values"]

@@ -22,6 +22,14 @@ from typing import Any
 
 ARCHITECTURE_NAMES = {"neural_interpreter": "Neural Interpreter", "vit": "multi-task ViT"}
 REPORT_MD = "dynamic_inference.md"
+REQUIRED_KEYS = ("model", "new_task", "arguments")
+STUDIES = (
+    "fast_adaptation",
+    "reinitialized_functions",
+    "capacity_extension",
+    "dropped_functions",
+    "function_iterations",
+)
 
 
 def _fmt(summary: dict[str, Any]) -> str:
@@ -200,7 +208,32 @@ def write_plots(runs: Sequence[dict[str, Any]], output_dir: str | Path) -> list[
     return written
 
 
+def load_results(path: str) -> dict[str, Any]:
+    """One run's ``adaptation_results.json``; a ValueError that names the file and what is wrong with it."""
+    expected = "expected an adaptation_results.json of run_digits_adaptation.py"
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such file; {expected}")
+    try:
+        results = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not JSON ({error}); {expected}") from None
+    if not isinstance(results, dict):
+        raise ValueError(f"{path}: holds a JSON {type(results).__name__}, not an object; {expected}")
+    missing = [key for key in REQUIRED_KEYS if key not in results]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(map(repr, missing))}; {expected}")
+    for study in STUDIES:
+        entries = results.get(study)
+        if entries is not None and not (
+            isinstance(entries, dict)
+            and all(key.isdigit() and isinstance(v, dict) for key, v in entries.items())
+        ):
+            raise ValueError(f"{path}: {study!r} is not an object of entries keyed by a number; {expected}")
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> list[Path]:
+    """Read the runs' results, draw their plots and write their tables; return the plots' paths."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "results", nargs="+", help="adaptation_results.json files of run_digits_adaptation.py"
@@ -209,11 +242,10 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     args = parser.parse_args(argv)
     runs = []
     for path in args.results:
-        if not Path(path).is_file():
-            parser.error(
-                f"{path}: no such file; expected an adaptation_results.json of run_digits_adaptation.py"
-            )
-        runs.append(json.loads(Path(path).read_text()))
+        try:
+            runs.append(load_results(path))
+        except ValueError as error:
+            parser.error(str(error))
     output_dir = Path(args.output_dir)
     written = write_plots(runs, output_dir)
     (output_dir / REPORT_MD).write_text(results_markdown(runs))

@@ -4,13 +4,15 @@
     python examples/run_digits.py --preset quickstart --output_dir runs/quickstart     # offline, minutes on a CPU
     accelerate launch examples/run_digits.py --preset paper --output_dir runs/paper --push_to_hub --hub_model_id me/ni
 
-Presets (``--preset``): ``paper``, the paper's digits recipe (MNIST, MNIST-M and SVHN from the Hub, the ``digits``
-config, RAdam, cosine decay from 8e-4 to 1e-6, batch 128, 100 epochs, RandAugment n=2 m=9), and ``quickstart``, a
-78k-parameter model on scikit-learn's bundled 8x8 digits for 30 epochs. A flag given on the command line replaces the
-preset's value. Data (``--dataset_source``): ``hub`` (default), ``local`` (Parquet files or image folders under
-``--data_dir``, e.g. ``<data_dir>/mnist/train.parquet``) or ``sklearn``. ``--do_train false --model_name_or_path DIR``
-evaluates a saved model. The output folder is a Hub repo (weights, code, processor, model card); ``--push_to_hub``
-uploads it at the end.
+Presets (``--preset``, ``ni_hf.training.presets.DIGITS_PRESETS``): ``paper``, the paper's digits recipe (MNIST,
+MNIST-M and SVHN from the Hub, the ``digits`` config, RAdam, cosine decay from 8e-4 to 1e-6, batch 128, 100 epochs,
+RandAugment n=2 m=9), and ``quickstart``, a 78k-parameter model on scikit-learn's bundled 8x8 digits for 30 epochs. A
+flag given on the command line replaces the preset's value; ``--config_overrides`` changes its config key by key.
+Data (``--dataset_source``): ``hub`` (default), ``local`` (Parquet files or image folders under ``--data_dir``, e.g.
+``<data_dir>/mnist/train.parquet``) or ``sklearn``. ``--do_train false --model_name_or_path DIR`` evaluates a saved
+model (refused if its weights do not fit it, unless ``--allow_mismatched_weights``). A run killed at any moment goes
+on with ``--resume_from_checkpoint last`` to the weights of an uninterrupted run. The output folder is a Hub repo
+(weights, code, processor, model card); ``--push_to_hub`` uploads it at the end.
 """
 
 from __future__ import annotations
@@ -22,11 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _common
 import datasets
 import numpy as np
 import torch
-import transformers
 from transformers import HfArgumentParser, PretrainedConfig, Trainer, TrainingArguments, set_seed
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
@@ -45,55 +45,59 @@ from ni_hf.data.digits import (
     PAPER_TASKS,
     SKLEARN_TASK,
     SOURCES,
+    DigitsTransform,
     canonical_task_name,
     load_digits_tasks,
     resolve_dataset_source,
 )
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PAPER_PRESETS
+from ni_hf.training.callbacks import time_limit_callbacks
+from ni_hf.training.checkpoints import (
+    ExactResumeMixin,
+    check_weights_readable,
+    load_checked,
+    output_dir_lock,
+    read_checkpoint_config,
+    resolve_resume_checkpoint,
+)
 from ni_hf.training.data_transfer import apply_gpu_loading_defaults, compile_for_static_batches
 from ni_hf.training.evaluation import CopiedPredictionsMixin, load_multitask_accuracy, make_compute_metrics
 from ni_hf.training.model_card import DEFAULT_DIGITS_TEMPLATE, digits_task_info, write_digits_model_card
 from ni_hf.training.paths import check_model_path
-from ni_hf.training.publishing import explain_push_failure, push_folder, reconstruct_command
+from ni_hf.training.presets import DIGITS_PRESETS, parse_config_overrides, parse_with_presets, preset_field
+from ni_hf.training.publishing import hub_repo_id, push_run, reconstruct_command
+from ni_hf.training.run_setup import setup_logging
 
 logger = logging.getLogger(__name__)
 
-TEMPLATE = DEFAULT_DIGITS_TEMPLATE
 ARCHITECTURES = {
     "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForImageClassification),
     "vit": (MultiTaskViTConfig, MultiTaskViTForImageClassification),
 }
 DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "id2label", "label2id")
-QUICKSTART_CONFIG = (
-    "hidden_size=64,code_dim=64,attention_head_size=32,type_inference_hidden_size=64,patch_size=8,"
-    "num_function_iterations=3,num_functions=4"
+SKLEARN_LIMITATION = (
+    "scikit-learn's digits are 8x8 images upsampled to 32x32: a check of the pipeline, not a benchmark."
 )
-# Each preset is command-line flags put before the user's, so that a flag given explicitly wins.
-PRESETS: dict[str, list[str]] = {
-    "paper": [],  # the dataclass defaults below are the paper's recipe
-    "quickstart": [
-        "--dataset_source", "sklearn", "--config_overrides", QUICKSTART_CONFIG, "--num_train_epochs", "30",
-        "--per_device_train_batch_size", "64", "--learning_rate", "3e-3", "--adam_beta2", "0.99",
-        "--randaugment_num_ops", "1", "--randaugment_magnitude", "5", "--save_strategy", "no", "--eval_strategy", "no",
-        "--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true",
-        "--randaugment_operations", "rotate", "shear_x", "shear_y", "translate_x", "translate_y",
-    ],
-}  # fmt: skip
+PRESETS = DIGITS_PRESETS  # the dataclass defaults below are the paper's recipe
 
 
 @dataclass
 class ModelArguments:
     """Which model to train (or, with --model_name_or_path, to evaluate)."""
 
-    preset: str = field(
-        default="paper",
-        metadata={"help": "Named settings to start from: " + ", ".join(PRESETS), "choices": list(PRESETS)},
-    )
+    preset: str = preset_field(PRESETS, default="paper")
     model_name_or_path: str | None = field(
         default=None,
         metadata={
             "help": "Evaluate this saved model (an output_dir of this script or a Hub repo id) instead of training "
             "one; needs --do_train false. Its config is used as saved."
+        },
+    )
+    allow_mismatched_weights: bool = field(
+        default=False,
+        metadata={
+            "help": "Evaluate --model_name_or_path even when its weights leave parameters of the model missing, "
+            "hold others or have other shapes (those parameters are then random)."
         },
     )
     architecture: str = field(
@@ -114,7 +118,8 @@ class ModelArguments:
         default=None,
         metadata={
             "help": "Config settings changed from --config_name, as key=value pairs with JSON values, e.g. "
-            "'num_functions=6,truncation_tau=1.2'. task_names and num_labels come from the data."
+            "'num_functions=6,truncation_tau=1.2', merged key by key with the preset's. task_names and num_labels "
+            "come from the data."
         },
     )
     attn_implementation: str | None = field(
@@ -233,25 +238,17 @@ class DigitsTrainingArguments(TrainingArguments):
 
     def __post_init__(self) -> None:
         apply_gpu_loading_defaults(self)  # before transformers turns accelerator_config into its own class
-        if (
-            self.dataloader_num_workers == 0
-        ):  # no worker to keep (the quickstart preset asks for one, kept alive)
+        if self.dataloader_num_workers == 0:  # no worker to keep alive (the quickstart preset asks for one)
             self.dataloader_persistent_workers = False
         super().__post_init__()
 
 
+ARGUMENTS = (ModelArguments, DataArguments, DigitsTrainingArguments)
+
+
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, DigitsTrainingArguments]:
-    """The command line, with the flags of ``--preset`` put first so that explicit flags replace them."""
-    preset = "paper"
-    for i, arg in enumerate(argv):
-        if arg == "--preset" and i + 1 < len(argv):
-            preset = argv[i + 1]
-        elif arg.startswith("--preset="):
-            preset = arg.split("=", 1)[1]
-    if preset not in PRESETS:
-        raise ValueError(f"--preset {preset!r}: expected one of {list(PRESETS)}.")
-    parser = HfArgumentParser((ModelArguments, DataArguments, DigitsTrainingArguments))
-    return parser.parse_args_into_dataclasses(args=[*PRESETS[preset], *argv])
+    """The command line, with ``--preset``'s values as defaults (an explicit flag wins)."""
+    return parse_with_presets(HfArgumentParser(ARGUMENTS), PRESETS, argv)
 
 
 def check_arguments(
@@ -289,7 +286,11 @@ def check_arguments(
             f"--model_name_or_path {path} evaluates a saved model and needs --do_train false; to continue a "
             "training run, use --resume_from_checkpoint."
         )
-    if model_args.config_overrides is not None:
+    preset = PRESETS[model_args.preset].config
+    given = parse_config_overrides(model_args.config_overrides, ARCHITECTURES[model_args.architecture][0])
+    if [
+        key for key, value in given.items() if key not in preset or preset[key] != value
+    ]:  # the user's, not the preset's
         raise ValueError(
             "--config_overrides: settings of a new model; a saved model's config is used as saved."
         )
@@ -308,13 +309,13 @@ def check_arguments(
             "eval_results.json there: pass an --output_dir of its own."
         )
     model_args.model_name_or_path = check_model_path(path)
-    _common.check_weights_readable(model_args.model_name_or_path)
+    check_weights_readable(model_args.model_name_or_path)
 
 
 def build_config(model_args: ModelArguments, task_names: list[str]) -> PretrainedConfig:
     """The paper preset, changed by --config_overrides; task names and labels from the data."""
     config_class = ARCHITECTURES[model_args.architecture][0]
-    overrides = _common.parse_config_overrides(
+    overrides = parse_config_overrides(
         model_args.config_overrides, config_class, reserved=DATA_DEFINED_CONFIG_KEYS
     )
     config = config_class.from_paper(
@@ -334,7 +335,7 @@ def build_config(model_args: ModelArguments, task_names: list[str]) -> Pretraine
 def load_saved_config(model_args: ModelArguments) -> PretrainedConfig:
     """The config of --model_name_or_path; a model this script cannot have written is refused by its model_type."""
     path = model_args.model_name_or_path
-    config_dict, _ = transformers.PretrainedConfig.get_config_dict(path)
+    config_dict = read_checkpoint_config(path)
     by_type = {config_class.model_type: name for name, (config_class, _) in ARCHITECTURES.items()}
     model_type = config_dict.get("model_type")
     if model_type not in by_type:
@@ -380,7 +381,7 @@ def task_sizes(dataset: datasets.Dataset, task_names: list[str], split: str) -> 
     return [int(count) for count in counts]
 
 
-class DigitsTrainer(CopiedPredictionsMixin, Trainer):
+class DigitsTrainer(ExactResumeMixin, CopiedPredictionsMixin, Trainer):
     """Trainer that augments training batches on the training device, and leaves the eval loss to compute_metrics."""
 
     def __init__(self, *args: Any, augmentation: torch.nn.Module | None = None, **kwargs: Any) -> None:
@@ -400,22 +401,28 @@ class DigitsTrainer(CopiedPredictionsMixin, Trainer):
         return None, logits, labels
 
 
-def setup_logging(args: TrainingArguments) -> None:
-    """Log like the transformers examples: INFO on the main process, warnings on the others."""
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%m/%d/%Y %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
+def add_routing_to_card(
+    model: torch.nn.Module, test: datasets.Dataset, card: Path, num_images: int = 64
+) -> None:
+    """Append the computational path of a test image and the function usage of a test batch to the model card."""
+    try:
+        from ni_hf.visualization import write_routing_card_assets
+    except ImportError as error:  # matplotlib is the `vis` extra
+        logger.warning(f"No routing picture on the model card ({error}); pip install 'ni_hf[vis]' for it")
+        return
+    batch = test.shuffle(seed=0).select(range(min(num_images, len(test))))[:]
+    assets = write_routing_card_assets(
+        model,
+        torch.as_tensor(np.stack(batch["pixel_values"])).to(model.device),
+        torch.as_tensor(batch["task_ids"]),
+        card.parent,
+        labels=batch["labels"],
     )
-    if args.should_log:
-        transformers.utils.logging.set_verbosity_info()
-    log_level = args.get_process_log_level()
-    for module_logger in (logger, _common.logger):
-        module_logger.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.enable_default_handler()
-    transformers.utils.logging.enable_explicit_format()
+    with card.open("a") as f:
+        f.write("\n" + assets["markdown"].rstrip() + "\n")
+    logger.info(
+        f"Routing picture and function usage added to the model card: {', '.join(map(str, assets['files']))}"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -424,12 +431,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model_args, data_args, args = parse_arguments(argv)
     check_arguments(model_args, data_args, args)
     push_to_hub, args.push_to_hub = args.push_to_hub, False  # uploaded at the end, with our model card
-    setup_logging(args)
+    setup_logging(args, logger, transformers_info=True)
     logger.warning(
         f"Process {args.process_index} of world size {args.world_size}: device {args.device}, "
         f"distributed {args.parallel_mode.value}"
     )
-    with _common.output_dir_lock(args.output_dir, enabled=args.should_save):
+    with output_dir_lock(args.output_dir, enabled=args.should_save):
         return run(model_args, data_args, args, argv, push_to_hub)
 
 
@@ -441,13 +448,12 @@ def run(
     push_to_hub: bool,
 ) -> dict[str, float]:
     """Data, model, Trainer, train, evaluate, card, push."""
-    # Data and config
+    # Config, model, data
     set_seed(args.seed)
     compile_for_static_batches(args)
-    callbacks = _common.time_limit_callbacks(args.max_train_minutes)  # refuses a bad value before the data
-    checkpoint = args.resume_from_checkpoint if args.do_train else None
-    if checkpoint is not None and checkpoint.lower() in ("true", "last", "latest"):
-        checkpoint = _common.last_complete_checkpoint(args.output_dir)
+    callbacks = time_limit_callbacks(args.max_train_minutes)  # refuses a bad value before the data
+    resume = args.resume_from_checkpoint if args.do_train else None
+    checkpoint = resolve_resume_checkpoint(resume, args.output_dir)
     if model_args.model_name_or_path is not None:
         config = load_saved_config(model_args)
         source, task_names = resolve_tasks(data_args, default=list(config.task_names))
@@ -456,7 +462,17 @@ def run(
             raise ValueError(f"--task_names {' '.join(unknown)}: the saved model has no head for them.")
     else:
         source, task_names = resolve_tasks(data_args)
-        config = build_config(model_args, task_names)  # before the data: a wrong override should not wait
+        config = build_config(model_args, task_names)
+    # The model before the data: a wrong override or weights that do not fit should not wait.
+    config.problem_type = config.problem_type or "single_label_classification"
+    model_class = ARCHITECTURES[model_args.architecture][1]
+    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    if model_args.model_name_or_path is not None:
+        path, allow = model_args.model_name_or_path, model_args.allow_mismatched_weights
+        model = load_checked(model_class, path, allow_mismatched_weights=allow, config=config, **kwargs)
+    else:
+        model = model_class._from_config(config, **kwargs)
+    logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters")
     with args.main_process_first(desc="loading the datasets"):
         raw, task_names = load_digits_tasks(
             task_names,
@@ -471,21 +487,13 @@ def run(
     for name, n_train, n_eval in zip(task_names, train_counts, eval_counts, strict=True):
         logger.info(f"Dataset {name!r} ({source}): {n_train} training samples, {n_eval} test samples")
 
-    # Model and transforms
-    config.problem_type = config.problem_type or "single_label_classification"
-    model_class = ARCHITECTURES[model_args.architecture][1]
-    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
-    if model_args.model_name_or_path is not None:
-        model = model_class.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
-    else:
-        model = model_class._from_config(config, **kwargs)
-    logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters")
+    # Transforms
     model_task_ids = [list(config.task_names).index(name) for name in task_names]
     processor = NeuralInterpreterImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
     )
-    raw["train"].set_transform(_common.DigitsTransform(processor, model_task_ids))
-    raw["test"].set_transform(_common.DigitsTransform(processor, model_task_ids))
+    raw["train"].set_transform(DigitsTransform(processor, model_task_ids))
+    raw["test"].set_transform(DigitsTransform(processor, model_task_ids))
     augmentation = None
     if data_args.randaugment and args.do_train:
         augmentation = BatchRandAugment(
@@ -549,7 +557,7 @@ def run(
             logger.info(f"Test accuracy {name or 'overall'}: {accuracy:.2f}% ({samples} samples)")
 
     # Model card and Hub
-    repo_id = args.hub_model_id or Path(args.output_dir).absolute().name
+    repo_id = hub_repo_id(args)
     if not args.do_train:
         logger.info(
             f"--do_train false: nothing trained or saved; the evaluation is in {args.output_dir}/eval_results.json"
@@ -562,7 +570,7 @@ def run(
         command, launcher_note = reconstruct_command(__file__, argv, args.world_size)
         path = write_digits_model_card(
             args.output_dir,
-            template_path=TEMPLATE,
+            template_path=DEFAULT_DIGITS_TEMPLATE,
             repo_id=repo_id,
             model=model,
             tasks=tasks,
@@ -577,34 +585,17 @@ def run(
             randaugment=augmentation.extra_repr() if augmentation is not None else None,
             preset=model_args.preset,
             max_eval_samples=data_args.max_eval_samples,
-            extra_limitations=(
-                [
-                    "scikit-learn's digits are 8x8 images upsampled to 32x32: a check of the pipeline, not a benchmark."
-                ]
-                if source == "sklearn"
-                else []
-            ),
+            extra_limitations=[SKLEARN_LIMITATION] if source == "sklearn" else [],
         )
         logger.info(f"Model card written to {path}")
         if model_args.architecture == "neural_interpreter" and args.do_eval:
-            _common.add_routing_to_card(model, raw["test"], path)
+            add_routing_to_card(model, raw["test"], path)
     trainer.accelerator.wait_for_everyone()
-    if push_to_hub and trainer.is_world_process_zero():
-        try:
-            url = push_folder(
-                args.output_dir,
-                repo_id,
-                commit_message="Trained with examples/run_digits.py",
-                token=args.hub_token,
-                private=args.hub_private_repo,
-                revision=args.hub_revision,
-            )
-        except Exception as error:  # noqa: BLE001 - every failure gets the same explanation
-            logger.error(explain_push_failure(error, args.output_dir, repo_id))
-            trainer.end()
-            raise SystemExit(1) from error
-        logger.info(f"Pushed to {url}")
-    trainer.end()
+    try:
+        if push_to_hub and trainer.is_world_process_zero():
+            push_run(args.output_dir, args, commit_message="Trained with examples/run_digits.py")
+    finally:
+        trainer.end()
     return {**train_metrics, **eval_metrics}
 
 

@@ -24,22 +24,17 @@ and ``--studies`` left at its default only ``fast_adaptation`` runs, and asking 
 
 Results go to ``<output_dir>/adaptation_results.json``, ``adaptation_results.md`` and one PNG per study (with
 matplotlib, the ``vis`` extra; ``examples/plot_adaptation_studies.py`` draws several runs, e.g. NI and ViT, in one
-plot). ``--quick`` runs every study at tiny settings, to check the pipeline in a minute (offline):
+plot). ``--preset quick`` runs every study at tiny settings, to check the pipeline in a minute (offline):
 
     python examples/run_digits_adaptation.py --model_name_or_path runs/quickstart --new_task sklearn_digits \
-        --dataset_source sklearn --quick --output_dir runs/adapt-quick
+        --dataset_source sklearn --preset quick --output_dir runs/adapt-quick
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import itertools
-import json
 import logging
-import os
-import platform
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +43,7 @@ import datasets
 import numpy as np
 import torch
 import transformers
-from _common import DigitsTransform
-from plot_adaptation_studies import results_markdown, write_plots
+from plot_adaptation_studies import STUDIES, results_markdown, write_plots
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
@@ -62,54 +56,46 @@ from ni_hf import (
 from ni_hf.data.digits import (
     SKLEARN_TASK,
     SOURCES,
+    DigitsTransform,
     canonical_task_name,
+    known_task_names,
     load_task_split,
     resolve_dataset_source,
 )
-from ni_hf.training.data_transfer import (
-    DATALOADER_WORKERS_HELP,
-    PIN_MEMORY_HELP,
-    STATIC_BATCHES_NOTE,
-    apply_gpu_loading_defaults,
-    compile_for_static_batches,
-)
-from ni_hf.training.evaluation import CopiedPredictionsMixin, compute_multitask_accuracy
-from ni_hf.training.model_card import mixed_precision
+from ni_hf.training import data_transfer, run_setup
+from ni_hf.training.checkpoints import load_checked
+from ni_hf.training.evaluation import CopiedPredictionsMixin, evaluate_multitask_accuracy
 from ni_hf.training.paths import check_model_path
+from ni_hf.training.presets import Preset, parse_with_presets, preset_field
 
 logger = logging.getLogger(__name__)
 
-
-class AdaptationTrainer(CopiedPredictionsMixin, Trainer):
-    """Trainer whose evaluation keeps every batch's logits when the model runs through CUDA graphs."""
-
-
-STUDIES = (
-    "fast_adaptation",
-    "reinitialized_functions",
-    "capacity_extension",
-    "dropped_functions",
-    "function_iterations",
-)
+TRAINING_STUDIES = STUDIES[:3]
 # The studies that act on a Neural Interpreter's functions (or function iterations); a multi-task ViT has none.
 FUNCTION_STUDIES = STUDIES[1:]
-# --quick: every study at tiny settings, a check of the pipeline.
-QUICK_SETTINGS = dict(
-    num_train_samples=[32, 64],
-    adaptation_seeds=[0, 1],
-    adapt_epochs=1.0,
-    capacity_new_functions=[0, 1],
-    capacity_train_samples=32,
-    max_eval_samples=64,
-    dropped_draws=2,
-)
-KEY_NAMES = {
-    "fast_adaptation": "training samples",
-    "reinitialized_functions": "training samples",
-    "capacity_extension": "functions per script",
+# The argument dataclass's defaults are the paper's settings.
+PRESETS = {
+    "paper": Preset(help="the paper's settings: N = 128, 512, 2048, 8192, 6 seeds, 10 epochs, k = 0-3 added functions"),
+    "quick": Preset(
+        help="every study at tiny settings, a check of the pipeline in about a minute",
+        arguments=dict(num_train_samples=[32, 64], adaptation_seeds=[0, 1], adapt_epochs=1.0,
+                       capacity_new_functions=[0, 1], capacity_train_samples=32, max_eval_samples=64, dropped_draws=2),
+    ),
+}  # fmt: skip
+# TrainingArguments that every fine-tuning run sets itself, with the option to use instead.
+RUN_FIELDS = {
+    "learning_rate": "--adapt_learning_rate / --capacity_learning_rate",
+    "num_train_epochs": "--adapt_epochs",
+    "max_steps": "--adapt_epochs",
+    "per_device_train_batch_size": "--batch_size (the global batch)",
+    "gradient_accumulation_steps": "--batch_size (the global batch)",
+    "lr_scheduler_type": "nothing: the rate is constant",
+    "warmup_steps": "nothing: the rate is constant",
+    "optim": "nothing: every run uses RAdam (betas --adam_beta1/--adam_beta2, eps --adam_epsilon)",
+    "seed": "--adaptation_seeds",
+    "data_seed": "--adaptation_seeds",
 }
-RESULTS_JSON = "adaptation_results.json"
-RESULTS_MD = "adaptation_results.md"
+RESULTS = "adaptation_results"
 
 
 @dataclass
@@ -124,6 +110,11 @@ class AdaptationArguments:
             "not a folder here is a Hub repo id."
         }
     )
+    preset: str | None = preset_field(PRESETS, default="paper")
+    allow_mismatched_weights: bool = field(
+        default=False,
+        metadata={"help": "Load --model_name_or_path even if its weights do not fit its model."},
+    )
     studies: str = field(
         default=",".join(STUDIES),
         metadata={
@@ -133,9 +124,7 @@ class AdaptationArguments:
     )
     new_task: str = field(
         default="kmnist",
-        metadata={
-            "help": "The new dataset to adapt to (paper: K-MNIST, 'kmnist'; also 'fashion_mnist', 'mnist')."
-        },
+        metadata={"help": "The new dataset (paper: K-MNIST, 'kmnist'; also 'fashion_mnist', 'mnist')."},
     )
     dataset_source: str | None = field(
         default=None,
@@ -171,9 +160,7 @@ class AdaptationArguments:
     adapt_epochs: float = field(default=10.0, metadata={"help": "Fine-tuning epochs (paper: 10)."})
     adapt_learning_rate: float = field(
         default=0.05,
-        metadata={
-            "help": "RAdam learning rate, constant (paper: 0.05 for the Neural Interpreter, 0.03 for the ViT)."
-        },
+        metadata={"help": "Constant RAdam learning rate (paper: 0.05; 0.03 for the multi-task ViT)."},
     )
     batch_size: int = field(
         default=128,
@@ -192,15 +179,11 @@ class AdaptationArguments:
     )
     capacity_learning_rate: float = field(
         default=0.05,
-        metadata={
-            "help": "capacity_extension: RAdam learning rate (the paper grid-searched it, with Shampoo)."
-        },
+        metadata={"help": "capacity_extension: RAdam learning rate (the paper grid-searched Shampoo's)."},
     )
     max_eval_samples: int | None = field(
         default=None,
-        metadata={
-            "help": "Evaluate on at most this many test samples per dataset (a seeded subset; default all)."
-        },
+        metadata={"help": "At most this many test samples per dataset (a seeded subset; default: all)."},
     )
     dropped_draws: int = field(
         default=10,
@@ -210,52 +193,100 @@ class AdaptationArguments:
         },
     )
     eval_batch_size: int = field(default=256, metadata={"help": "Batch size of the evaluation loops."})
-    quick: bool = field(
-        default=False,
-        metadata={
-            "help": "Check the pipeline in about a minute: every study at tiny settings ("
-            + ", ".join(f"{k}={v}" for k, v in QUICK_SETTINGS.items())
-            + "), replacing those options."
-        },
-    )
+
+    def study_names(self) -> list[str]:
+        """The studies asked for, in the given order."""
+        return [study.strip() for study in self.studies.split(",") if study.strip()]
 
 
 @dataclass
-class AdaptationTrainingArguments(TrainingArguments):
-    """TrainingArguments for the fine-tuning runs; the script sets learning rate, epochs and batch size per study."""
+class AdaptationTrainingArguments(run_setup.ExampleTrainingArguments):
+    """TrainingArguments for the fine-tuning runs; the fields in RUN_FIELDS are set by every run."""
 
     save_strategy: str = field(default="no", metadata={"help": "Checkpoints of the many short runs: none."})
     logging_steps: float = field(
         default=50, metadata={"help": "Log the training loss every this many steps."}
     )
-    logging_nan_inf_filter: bool = field(
-        default=False,
-        metadata={
-            "help": "Replace a NaN or inf training loss by the running mean in the logged loss (transformers' "
-            "default: true). False here: a NaN shows in the log instead of being averaged away, and the check, a "
-            "device-to-host sync at every step, no longer stalls a GPU."
-        },
-    )
-    remove_unused_columns: bool = field(
-        default=False,
-        metadata={"help": "Must stay false: the images are preprocessed by a dataset transform."},
-    )
-    dataloader_pin_memory: bool = field(default=torch.cuda.is_available(), metadata={"help": PIN_MEMORY_HELP})
     disable_tqdm: bool | None = field(
         default=True, metadata={"help": "The Trainer's own bar per run (off: the studies show one bar each)."}
     )
-
-    dataloader_num_workers: int | None = field(default=None, metadata={"help": DATALOADER_WORKERS_HELP})
-
-    def __post_init__(self) -> None:
-        # before transformers turns accelerator_config into an AcceleratorConfig
-        apply_gpu_loading_defaults(self)
-        super().__post_init__()
+    dataloader_num_workers: int | None = field(
+        default=None, metadata={"help": data_transfer.DATALOADER_WORKERS_HELP}
+    )
 
 
-# --------------------------------------------------------------------------------------------------------
-# Arguments
-# --------------------------------------------------------------------------------------------------------
+class AdaptationTrainer(CopiedPredictionsMixin, Trainer):
+    """Trainer whose evaluation keeps every batch's logits when the model runs through CUDA graphs."""
+
+
+# --- arguments ----------------------------------------------------------------------------------------------
+
+
+def memory_needed(
+    exp: AdaptationArguments,
+    studies: list[str],
+    base: TrainingArguments,
+    config: transformers.PretrainedConfig,
+) -> int:
+    """A lower bound of the bytes one batch needs on the device: the set of the largest batch (patches + CLS tokens
+    of width hidden_size), which every layer holds, and one sample's work per function of the widest model
+    (capacity_extension's added functions): the attention weights of Eq. 6 (one per head and pair of tokens) and
+    the outputs of Eq. 7 (one per token)."""
+    tokens = (config.image_size // config.patch_size) ** 2 + max(len(config.task_names), 1)
+    functions = getattr(config, "num_functions", 1)
+    if "capacity_extension" in studies:
+        functions += max(exp.capacity_new_functions)
+    batch = max(exp.batch_size // base.world_size, exp.eval_batch_size)
+    per_function = config.num_attention_heads * tokens**2 + tokens * config.hidden_size
+    return 4 * (batch * tokens * config.hidden_size + functions * per_function)
+
+
+def check_arguments(exp: AdaptationArguments, base: TrainingArguments) -> list[str]:
+    """Refuse, naming the option, every value that would fail or be ignored later; return the studies to run."""
+    run_setup.check_fields_left_alone(base, RUN_FIELDS, "every fine-tuning run sets it")
+    run_setup.check_training_arguments(base)
+    for name, minimum in (("num_train_samples", 1), ("adaptation_seeds", 0), ("capacity_new_functions", 0)):
+        values = getattr(exp, name)
+        run_setup.check_at_least(f"--{name}", values, minimum)
+        if len(set(values)) != len(values):
+            raise ValueError(f"--{name} {' '.join(map(str, values))}: expected each value once.")
+    for name in ("capacity_train_samples", "max_eval_samples", "dropped_draws", "eval_batch_size"):
+        run_setup.check_at_least(f"--{name}", getattr(exp, name), 1)
+    for name in ("adapt_epochs", "adapt_learning_rate", "capacity_learning_rate"):
+        run_setup.check_positive(f"--{name}", getattr(exp, name))
+    run_setup.per_device_batch_size(exp.batch_size, base.world_size)
+    exp.model_name_or_path = check_model_path(exp.model_name_or_path)
+    exp.dataset_source = resolve_dataset_source(exp.dataset_source, exp.data_dir)
+    studies = exp.study_names()
+    unknown = [s for s in studies if s not in STUDIES]
+    if unknown or not studies:
+        raise ValueError(f"--studies: unknown {unknown or 'none given'}; expected some of {list(STUDIES)}.")
+    # Weights that do not fit the model are refused here, before any data.
+    config = load_pretrained(exp.model_name_or_path, exp.allow_mismatched_weights).config
+    needs_functions = [s for s in studies if s in FUNCTION_STUDIES]
+    if is_vit_checkpoint(exp.model_name_or_path) and needs_functions:
+        if exp.studies != AdaptationArguments.studies:
+            raise ValueError(
+                f"--studies {','.join(needs_functions)}: {exp.model_name_or_path} is a multi-task ViT, and these "
+                "studies act on a Neural Interpreter's functions (re-drawn, added or dropped); a ViT checkpoint "
+                "runs fast_adaptation only."
+            )
+        logger.info(
+            f"{exp.model_name_or_path} is a multi-task ViT: running fast_adaptation only ({', '.join(needs_functions)} "
+            "need a Neural Interpreter's functions)."
+        )
+        studies = [s for s in studies if s not in FUNCTION_STUDIES]
+    known = known_task_names(exp.dataset_source)
+    new_task = canonical_task_name(exp.new_task)
+    if exp.dataset_source != "local" and new_task not in known and set(studies) & set(TRAINING_STUDIES):
+        raise ValueError(
+            f"--new_task {exp.new_task}: not a dataset of --dataset_source {exp.dataset_source}; expected one of {known}."
+        )
+    flags = f"--batch_size {exp.batch_size} and --eval_batch_size {exp.eval_batch_size}"
+    if "capacity_extension" in studies:
+        flags += f" and --capacity_new_functions {max(exp.capacity_new_functions)}"
+    run_setup.check_memory(memory_needed(exp, studies, base, config), base.device, flags, "for one batch")
+    return studies
 
 
 def check_sizes(exp: AdaptationArguments, studies: list[str], available: int, task_name: str) -> None:
@@ -266,8 +297,7 @@ def check_sizes(exp: AdaptationArguments, studies: list[str], available: int, ta
     if "capacity_extension" in studies:
         requested["--capacity_train_samples"] = [exp.capacity_train_samples]
     too_large = {option: [n for n in sizes if n > available] for option, sizes in requested.items()}
-    too_large = {option: sizes for option, sizes in too_large.items() if sizes}
-    if too_large:
+    if too_large := {option: sizes for option, sizes in too_large.items() if sizes}:
         what = " and ".join(f"{option} {' '.join(map(str, sizes))}" for option, sizes in too_large.items())
         raise ValueError(
             f"{what}: more than the {available} images of the training split of {task_name} "
@@ -275,9 +305,7 @@ def check_sizes(exp: AdaptationArguments, studies: list[str], available: int, ta
         )
 
 
-# --------------------------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------------------------
+# --- data and models ----------------------------------------------------------------------------------------
 
 
 def num_classes(dataset: datasets.Dataset) -> int:
@@ -295,9 +323,30 @@ def subset(dataset: datasets.Dataset, size: int, seed: int) -> datasets.Dataset:
     return dataset.select(np.random.default_rng(seed).permutation(len(dataset))[:size])
 
 
-# --------------------------------------------------------------------------------------------------------
-# Model preparation
-# --------------------------------------------------------------------------------------------------------
+def is_vit_checkpoint(path: str) -> bool:
+    """Whether the checkpoint is a multi-task ViT (``run_digits.py --architecture vit``), from its config."""
+    config_dict, _ = transformers.PretrainedConfig.get_config_dict(path)
+    return config_dict.get("model_type") == MultiTaskViTConfig.model_type
+
+
+def load_pretrained(
+    path: str, allow_mismatched_weights: bool = False
+) -> NeuralInterpreterForImageClassification | MultiTaskViTForImageClassification:
+    """The checkpoint (weights that do not fit are refused), without ``from_pretrained``'s progress bar: a study
+    loads it once per run."""
+    model_class = (
+        MultiTaskViTForImageClassification
+        if is_vit_checkpoint(path)
+        else NeuralInterpreterForImageClassification
+    )
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model = load_checked(model_class, path, allow_mismatched_weights)
+    finally:
+        transformers.utils.logging.enable_progress_bar()
+    if model.config.problem_type is None:  # not inferred in a compiled forward, which would then recompile
+        model.config.problem_type = "single_label_classification"
+    return model
 
 
 def prepare_model(
@@ -308,6 +357,7 @@ def prepare_model(
     reinitialize_functions: bool = False,
     new_functions: int = 0,
     functions_only: bool = False,
+    allow_mismatched_weights: bool = False,
 ) -> NeuralInterpreterForImageClassification | MultiTaskViTForImageClassification:
     """The pre-trained model with a fresh CLS token and head for the new dataset, ready for one study's run.
 
@@ -316,7 +366,7 @@ def prepare_model(
     ``functions_only``: train only codes, signatures, the CLS token and the head (signatures unfrozen).
     """
     set_seed(seed)
-    model = load_pretrained(path)
+    model = load_pretrained(path, allow_mismatched_weights)
     # The new CLS token and head first, so that every variant of a seed starts from the same ones.
     model.reset_tasks([task_name], num_labels=num_labels)
     if isinstance(model, MultiTaskViTForImageClassification):
@@ -345,38 +395,7 @@ def prepare_model(
     return model
 
 
-def is_vit_checkpoint(path: str) -> bool:
-    """Whether the checkpoint is a multi-task ViT (``run_digits.py --architecture vit``), from its config."""
-    config_dict, _ = transformers.PretrainedConfig.get_config_dict(path)
-    return config_dict.get("model_type") == MultiTaskViTConfig.model_type
-
-
-def load_pretrained(
-    path: str,
-) -> NeuralInterpreterForImageClassification | MultiTaskViTForImageClassification:
-    """``from_pretrained`` without its progress bar: a study loads the checkpoint once per run."""
-    model_class = (
-        MultiTaskViTForImageClassification
-        if is_vit_checkpoint(path)
-        else NeuralInterpreterForImageClassification
-    )
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        model = model_class.from_pretrained(path)
-    finally:
-        transformers.utils.logging.enable_progress_bar()
-    if model.config.problem_type is None:  # not inferred in a compiled forward, which would then recompile
-        model.config.problem_type = "single_label_classification"
-    return model
-
-
-def trainable_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Training and evaluation
-# --------------------------------------------------------------------------------------------------------
+# --- training and evaluation --------------------------------------------------------------------------------
 
 
 def finetune(
@@ -389,27 +408,15 @@ def finetune(
     output_dir: Path,
 ) -> dict[str, Any]:
     """Fine-tune with RAdam at a constant rate for ``exp.adapt_epochs``; returns steps, loss and time."""
-    world_size = base.world_size
     args = dataclasses.replace(
-        base,
-        output_dir=str(output_dir),
-        learning_rate=learning_rate,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        num_train_epochs=exp.adapt_epochs,
-        max_steps=-1,
-        per_device_train_batch_size=exp.batch_size // world_size,
-        seed=seed,
-        data_seed=seed,
-    )
+        base, output_dir=str(output_dir), learning_rate=learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        num_train_epochs=exp.adapt_epochs, max_steps=-1, per_device_train_batch_size=exp.batch_size // base.world_size,
+        seed=seed, data_seed=seed,
+    )  # fmt: skip
+    betas = (args.adam_beta1, args.adam_beta2)
+    optimizer = (torch.optim.RAdam, {"lr": learning_rate, "betas": betas, "eps": args.adam_epsilon})
     trainer = AdaptationTrainer(
-        model=model,
-        args=args,
-        train_dataset=train,
-        optimizer_cls_and_kwargs=(
-            torch.optim.RAdam,
-            {"lr": learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon},
-        ),
+        model=model, args=args, train_dataset=train, optimizer_cls_and_kwargs=optimizer
     )
     output = trainer.train()
     return {
@@ -419,173 +426,59 @@ def finetune(
     }
 
 
-@torch.no_grad()
-def accuracy(
-    model: NeuralInterpreterForImageClassification,
-    tests: list[datasets.Dataset],
-    task_names: list[str],
-    batch_size: int,
-    **forward_kwargs: Any,
-) -> dict[str, float]:
-    """Test accuracy overall and per task (``accuracy_<task>``); ``forward_kwargs`` go to the model's forward
-    (e.g. ``disabled_functions``, ``num_function_iterations``)."""
-    model.eval()
-    device = next(model.parameters()).device
-    predictions, labels, task_ids = [], [], []
-    batches = ((test, start) for test in tests for start in range(0, len(test), batch_size))
-    for test, start in batches:
-        batch = test[start : start + batch_size]
-        pixel_values = torch.from_numpy(np.stack(batch["pixel_values"])).to(device)
-        ids = torch.tensor(batch["task_ids"], device=device)
-        logits = model(pixel_values=pixel_values, task_ids=ids, **forward_kwargs).logits
-        predictions.append(logits.argmax(-1).cpu().numpy())
-        labels.append(np.asarray(batch["labels"]))
-        task_ids.append(np.asarray(batch["task_ids"]))
-    return compute_multitask_accuracy(
-        np.concatenate(predictions), np.concatenate(labels), np.concatenate(task_ids), task_names
-    )
+# --- studies ------------------------------------------------------------------------------------------------
 
 
-def summarize(values: list[float]) -> dict[str, Any]:
-    return {
-        "values": values,
-        "mean": float(np.mean(values)),
-        "std": float(np.std(values)),
-        "runs": len(values),
-    }
-
-
-# --------------------------------------------------------------------------------------------------------
-# Studies
-# --------------------------------------------------------------------------------------------------------
-
-
-def finetune_and_record(
-    out: dict[str, Any],
-    key: str,
-    model: NeuralInterpreterForImageClassification,
-    train: datasets.Dataset,
-    test: datasets.Dataset,
-    task_name: str,
-    learning_rate: float,
-    seed: int,
+def run_training_study(
     study: str,
     exp: AdaptationArguments,
     base: AdaptationTrainingArguments,
-    **extra: Any,
-) -> float:
-    """One run of a study: fine-tune, test, and add its accuracy and details to ``out[key]``."""
-    info = finetune(model, train, base, exp, learning_rate, seed, Path(base.output_dir) / study)
-    acc = accuracy(model, [test], [task_name], exp.eval_batch_size)["accuracy"]
-    entry = out.setdefault(key, {**extra, "accuracy": [], "details": []})
-    entry["accuracy"].append(acc)
-    entry["details"].append({"seed": seed, **info, "trainable_parameters": trainable_parameters(model)})
-    what = "".join(f", {name.replace('_', ' ')} {value}" for name, value in extra.items())
-    logger.info(
-        "%s: %s %s%s, seed %d: %d steps, test accuracy %.4f",
-        study,
-        KEY_NAMES[study],
-        key,
-        what,
-        seed,
-        info["train_steps"],
-        acc,
-    )
-    return acc
-
-
-def summarize_runs(out: dict[str, Any]) -> dict[str, Any]:
-    """Replace every entry's accuracies by their mean, std and count (the values kept)."""
+    train: datasets.Dataset,
+    test: datasets.Dataset,
+    task_name: str,
+    labels: int,
+) -> dict[str, Any]:
+    """fast_adaptation, reinitialized_functions (accuracy per N over the seeds) or capacity_extension (accuracy per
+    number of functions, k added and only codes, signatures, CLS token and head trained)."""
+    capacity = study == "capacity_extension"
+    keys = exp.capacity_new_functions if capacity else exp.num_train_samples
+    runs = [(key, seed) for key in keys for seed in exp.adaptation_seeds]
+    # The bar counts training images, so that its estimate weighs a run of 8,192 samples as 128 runs of 64.
+    total = sum(exp.capacity_train_samples if capacity else key for key, _ in runs) * exp.adapt_epochs
+    bar = tqdm(total=total, desc=study, unit="img", unit_scale=True, disable=not base.should_log)
+    out: dict[str, Any] = {}
+    for key, seed in runs:
+        size = exp.capacity_train_samples if capacity else key
+        model = prepare_model(
+            exp.model_name_or_path, task_name, labels, seed, reinitialize_functions=study == "reinitialized_functions",
+            new_functions=key if capacity else 0, functions_only=capacity,
+            allow_mismatched_weights=exp.allow_mismatched_weights,
+        )  # fmt: skip
+        rate = exp.capacity_learning_rate if capacity else exp.adapt_learning_rate
+        info = finetune(
+            model, subset(train, size, seed), base, exp, rate, seed, Path(base.output_dir) / study
+        )
+        acc = evaluate_multitask_accuracy(model, [test], [task_name], exp.eval_batch_size)["accuracy"]
+        # capacity_extension's entries: the functions per script after adding k
+        name = str(model.config.num_functions) if capacity else str(key)
+        entry = out.setdefault(name, {"new_functions": key} if capacity else {})
+        entry.setdefault("accuracy", []).append(acc)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        entry.setdefault("details", []).append({"seed": seed, **info, "trainable_parameters": trainable})
+        what = f"functions per script {name}, new functions {key}" if capacity else f"training samples {name}"
+        logger.info(f"{study}: {what}, seed {seed}: {info['train_steps']} steps, test accuracy {acc:.4f}")
+        bar.update(size * exp.adapt_epochs)
+    bar.close()
     for entry in out.values():
-        entry.update(summarize(entry.pop("accuracy")))
+        entry.update(run_setup.summarize_runs(entry.pop("accuracy")))
     return out
-
-
-def run_adaptation_study(
-    exp: AdaptationArguments,
-    base: AdaptationTrainingArguments,
-    train: datasets.Dataset,
-    test: datasets.Dataset,
-    task_name: str,
-    labels: int,
-    reinitialize: bool,
-) -> dict[str, Any]:
-    """fast_adaptation (reinitialize=False) or reinitialized_functions: accuracy per N over the seeds."""
-    study = "reinitialized_functions" if reinitialize else "fast_adaptation"
-    out: dict[str, Any] = {}
-    runs = [(n, seed) for n in exp.num_train_samples for seed in exp.adaptation_seeds]
-    bar = images_bar(study, [n for n, _ in runs], exp, base)
-    for n, seed in runs:
-        model = prepare_model(
-            exp.model_name_or_path, task_name, labels, seed, reinitialize_functions=reinitialize
-        )
-        finetune_and_record(
-            out,
-            str(n),
-            model,
-            subset(train, n, seed),
-            test,
-            task_name,
-            exp.adapt_learning_rate,
-            seed,
-            study,
-            exp,
-            base,
-        )
-        bar.update(n * exp.adapt_epochs)
-    bar.close()
-    return summarize_runs(out)
-
-
-def run_capacity_extension(
-    exp: AdaptationArguments,
-    base: AdaptationTrainingArguments,
-    train: datasets.Dataset,
-    test: datasets.Dataset,
-    task_name: str,
-    labels: int,
-) -> dict[str, Any]:
-    """Accuracy on the new dataset with k functions added, only codes / signatures / CLS token / head trained."""
-    out: dict[str, Any] = {}
-    runs = [(k, seed) for k in exp.capacity_new_functions for seed in exp.adaptation_seeds]
-    bar = images_bar("capacity_extension", [exp.capacity_train_samples] * len(runs), exp, base)
-    for k, seed in runs:
-        model = prepare_model(
-            exp.model_name_or_path, task_name, labels, seed, new_functions=k, functions_only=True
-        )
-        samples = subset(train, exp.capacity_train_samples, seed)
-        key = str(model.config.num_functions)  # functions per script after adding k
-        finetune_and_record(
-            out,
-            key,
-            model,
-            samples,
-            test,
-            task_name,
-            exp.capacity_learning_rate,
-            seed,
-            "capacity_extension",
-            exp,
-            base,
-            new_functions=k,
-        )
-        bar.update(exp.capacity_train_samples * exp.adapt_epochs)
-    bar.close()
-    return summarize_runs(out)
-
-
-def images_bar(study: str, sizes: list[int], exp: AdaptationArguments, base: TrainingArguments) -> tqdm:
-    """A progress bar over the training images a study's runs will see, so that its estimate of the time left
-    weighs a run of 8,192 samples as 128 runs of 64."""
-    total = sum(sizes) * exp.adapt_epochs
-    return tqdm(total=total, desc=study, unit="img", unit_scale=True, disable=not base.should_log)
 
 
 def pretrained_with_tests(
     exp: AdaptationArguments, processor: NeuralInterpreterImageProcessor
 ) -> tuple[NeuralInterpreterForImageClassification, list[str], list[datasets.Dataset]]:
     """The pre-trained model, its task names and the test split of every pre-training dataset, preprocessed."""
-    model = load_pretrained(exp.model_name_or_path)
+    model = load_pretrained(exp.model_name_or_path, exp.allow_mismatched_weights)
     task_names = list(model.config.task_names)
     # scikit-learn's digits exist only there; every other pre-training dataset comes from --dataset_source.
     sources = {name: "sklearn" if name == SKLEARN_TASK else exp.dataset_source for name in task_names}
@@ -595,13 +488,13 @@ def pretrained_with_tests(
         ).with_transform(DigitsTransform(processor, task_id=i))
         for i, name in enumerate(task_names)
     ]
-    logger.info("Pre-training datasets %s: %s test images", task_names, [len(t) for t in tests])
+    logger.info(f"Pre-training datasets {task_names}: {[len(t) for t in tests]} test images")
     return model, task_names, tests
 
 
 def summarize_per_task(results: list[dict[str, float]]) -> dict[str, Any]:
     """Mean, std and count of every accuracy (overall and per task) over several evaluations."""
-    return {key: summarize([r[key] for r in results]) for key in results[0]}
+    return {key: run_setup.summarize_runs([r[key] for r in results]) for key in results[0]}
 
 
 def run_function_iterations(
@@ -612,12 +505,11 @@ def run_function_iterations(
     trained = max(model.config.iterations_per_script)
     out: dict[str, Any] = {}
     for n in tqdm(range(1, trained + 1), desc="function_iterations", disable=not show_progress):
-        out[str(n)] = summarize_per_task(
-            [accuracy(model, tests, task_names, exp.eval_batch_size, num_function_iterations=n)]
+        result = evaluate_multitask_accuracy(
+            model, tests, task_names, exp.eval_batch_size, num_function_iterations=n
         )
-        logger.info(
-            "function_iterations: %d of %d: accuracy %.4f", n, trained, out[str(n)]["accuracy"]["mean"]
-        )
+        out[str(n)] = summarize_per_task([result])
+        logger.info(f"function_iterations: {n} of {trained}: accuracy {out[str(n)]['accuracy']['mean']:.4f}")
     return out
 
 
@@ -639,82 +531,40 @@ def run_dropped_functions(
                 {s: tuple(rng.choice(num_functions, k, replace=False)) for s in range(num_scripts)}
                 for _ in range(exp.dropped_draws)
             ]
-        draws, results = [], []
-        for choice in choices:
-            draws.append({s: sorted(int(u) for u in functions) for s, functions in choice.items()})
-            results.append(
-                accuracy(
-                    model, tests, task_names, exp.eval_batch_size, disabled_functions=draws[-1] if k else None
-                )
+        draws = [
+            {s: sorted(int(u) for u in functions) for s, functions in choice.items()} for choice in choices
+        ]
+        results = [
+            evaluate_multitask_accuracy(
+                model, tests, task_names, exp.eval_batch_size, disabled_functions=draw if k else None
             )
-        entry: dict[str, Any] = {"draws": draws, **summarize_per_task(results)}
-        out[str(k)] = entry
+            for draw in draws
+        ]
+        out[str(k)] = {"draws": draws, **summarize_per_task(results)}
         logger.info(
-            "dropped_functions: %d of %d dropped: accuracy %.4f", k, num_functions, entry["accuracy"]["mean"]
+            f"dropped_functions: {k} of {num_functions} dropped: accuracy {out[str(k)]['accuracy']['mean']:.4f}"
         )
     return out
 
 
-# --------------------------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------------------------
-
-
-def environment(base: TrainingArguments) -> dict[str, Any]:
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "device": str(base.device),
-        "world_size": base.world_size,
-        "mixed_precision": mixed_precision(base),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
+# --- main ---------------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[AdaptationArguments, AdaptationTrainingArguments]:
+    """The command line, with ``--preset``'s values as defaults."""
     parser = HfArgumentParser((AdaptationArguments, AdaptationTrainingArguments))
-    return parser.parse_args_into_dataclasses(args=argv)
+    return parse_with_presets(parser, PRESETS, argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the requested studies; write and return the results."""
-    exp, base = parse_args(argv)
-    if exp.quick:
-        exp = dataclasses.replace(exp, **QUICK_SETTINGS)
-    exp.model_name_or_path = check_model_path(exp.model_name_or_path)
-    exp.dataset_source = resolve_dataset_source(exp.dataset_source, exp.data_dir)
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout
-    )
-    logger.setLevel(logging.INFO if base.should_log else logging.WARNING)
-    if compile_for_static_batches(base):
-        logger.info(STATIC_BATCHES_NOTE)
-    studies = [s.strip() for s in exp.studies.split(",") if s.strip()]
-    unknown = [s for s in studies if s not in STUDIES]
-    if unknown or not studies:
-        raise ValueError(f"--studies: unknown {unknown or 'none given'}; expected some of {list(STUDIES)}.")
+    with run_setup.exit_on_bad_arguments("run_digits_adaptation.py"):
+        exp, base = parse_args(argv)
+        run_setup.setup_logging(base, logger)
+        studies = check_arguments(exp, base)
+    if data_transfer.compile_for_static_batches(base):
+        logger.info(data_transfer.STATIC_BATCHES_NOTE)
     vit = is_vit_checkpoint(exp.model_name_or_path)
-    needs_functions = [s for s in studies if s in FUNCTION_STUDIES]
-    if vit and needs_functions:
-        if exp.studies != AdaptationArguments.studies:
-            raise ValueError(
-                f"--studies {','.join(needs_functions)}: {exp.model_name_or_path} is a multi-task ViT, and these "
-                "studies act on a Neural Interpreter's functions (re-drawn, added or dropped); a ViT checkpoint "
-                "runs fast_adaptation only."
-            )
-        logger.info(
-            "%s is a multi-task ViT: running fast_adaptation only (%s need a Neural Interpreter's functions).",
-            exp.model_name_or_path,
-            ", ".join(needs_functions),
-        )
-        studies = [s for s in studies if s not in FUNCTION_STUDIES]
-    if exp.batch_size % base.world_size:
-        raise ValueError(
-            f"--batch_size {exp.batch_size} is the global batch; it must be divisible by the number of processes "
-            f"({base.world_size})."
-        )
     output_dir = Path(base.output_dir)
     processor = NeuralInterpreterImageProcessor()
     results: dict[str, Any] = {
@@ -724,53 +574,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "arguments": dataclasses.asdict(exp),
         "studies": studies,
     }
-    training_studies = [s for s in studies if s not in ("dropped_functions", "function_iterations")]
+    training_studies = [s for s in studies if s in TRAINING_STUDIES]
     if training_studies:
+        task_name = results["new_task"]
         train_raw = load_task_split(exp.new_task, "train", exp.dataset_source, exp.data_dir)
-        check_sizes(exp, training_studies, len(train_raw), results["new_task"])
+        with run_setup.exit_on_bad_arguments("run_digits_adaptation.py"):
+            check_sizes(exp, training_studies, len(train_raw), task_name)
         test_raw = load_task_split(
             exp.new_task, "test", exp.dataset_source, exp.data_dir, max_samples=exp.max_eval_samples
         )
         labels = num_classes(train_raw)
-        task_name = results["new_task"]
         train = train_raw.with_transform(DigitsTransform(processor, task_id=0))
         test = test_raw.with_transform(DigitsTransform(processor, task_id=0))
         logger.info(
-            "New dataset %s (%s): %d training images available, %d test images, %d classes",
-            task_name,
-            exp.dataset_source,
-            len(train),
-            len(test),
-            labels,
+            f"New dataset {task_name} ({exp.dataset_source}): {len(train)} training images available, "
+            f"{len(test)} test images, {labels} classes"
         )
         for study in training_studies:
-            if study == "capacity_extension":
-                results[study] = run_capacity_extension(exp, base, train, test, task_name, labels)
-            else:
-                results[study] = run_adaptation_study(
-                    exp, base, train, test, task_name, labels, reinitialize=study == "reinitialized_functions"
-                )
+            results[study] = run_training_study(study, exp, base, train, test, task_name, labels)
     if "dropped_functions" in studies:
         results["dropped_functions"] = run_dropped_functions(exp, processor, show_progress=base.should_log)
     if "function_iterations" in studies:
         results["function_iterations"] = run_function_iterations(
             exp, processor, show_progress=base.should_log
         )
-    results["environment"] = environment(base)
+    results["environment"] = run_setup.environment(base)
     if base.process_index != 0:
         return results
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2) + "\n")
-    markdown = results_markdown([results])
-    (output_dir / RESULTS_MD).write_text(markdown)
-    print(markdown)
-    logger.info("Results written to %s and %s", output_dir / RESULTS_JSON, output_dir / RESULTS_MD)
+    run_setup.write_results(output_dir, RESULTS, results, results_markdown([results]))
     try:
         plots = write_plots([results], output_dir)
     except ImportError:
         logger.warning("matplotlib is not installed (pip install 'ni_hf[vis]'): no plots drawn.")
     else:
-        logger.info("Plots: %s", ", ".join(str(p) for p in plots))
+        logger.info(f"Plots: {', '.join(str(p) for p in plots)}")
     return results
 
 

@@ -11,7 +11,8 @@ Writes path_<i>.png (the computational path of the first --num_drawn images), ty
 in 2-D, --projection pca or tsne), usage.png (function usage over all images), attention_<i>.png (--attention: Eq.
 6's weights of every function and head for the first image's CLS token, at the last function iteration) and
 routing.json (per drawn image: prediction, label, C of every function iteration (K, U, N); usage over all images).
-Needs the `vis` extra (matplotlib).
+A checkpoint whose weights do not fit a Neural Interpreter is refused (``--allow_mismatched_weights`` draws it
+anyway). Needs the `vis` extra (matplotlib).
 """
 
 from __future__ import annotations
@@ -27,19 +28,32 @@ from tqdm.auto import tqdm
 
 import ni_hf
 from ni_hf import visualization as vis
-from ni_hf.data.digits import load_task_split
+from ni_hf.data.digits import SKLEARN_TASK, canonical_task_name, load_task_split, resolve_dataset_source
+from ni_hf.training.checkpoints import load_checked
+from ni_hf.training.paths import check_model_path
+from ni_hf.training.run_setup import exit_on_bad_arguments
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="checkpoint folder or Hub id")
+    parser.add_argument(
+        "--allow_mismatched_weights",
+        action="store_true",
+        help="draw a checkpoint whose weights leave parameters of the model missing or have other shapes",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--images", nargs="+", help="image files")
     source.add_argument("--dataset", help="a digits task (mnist, mnistm, svhn, sklearn_digits, ...)")
     parser.add_argument(
-        "--dataset_source", default="sklearn", help="hub, local or sklearn (ni_hf.data.digits)"
+        "--dataset_source",
+        choices=["hub", "local", "sklearn"],
+        default=None,
+        help="default: local with --data_dir, sklearn for sklearn_digits, else hub (ni_hf.data.digits)",
     )
-    parser.add_argument("--data_dir", default=None)
+    parser.add_argument(
+        "--data_dir", default=None, help="for --dataset_source local: <data_dir>/<task>/test.parquet"
+    )
     parser.add_argument("--split", default="test")
     parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument(
@@ -55,7 +69,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_function_iterations", type=int, default=None)
     parser.add_argument("--disabled_functions", type=int, nargs="*", default=None)
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name, minimum in (
+        ("batch_size", 1),
+        ("num_drawn", 0),
+        ("max_samples", 1),
+        ("num_function_iterations", 1),
+    ):
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            parser.error(f"--{name} must be at least {minimum}, got {value}.")
+    return args
+
+
+def dataset_source(args: argparse.Namespace) -> str:
+    """--dataset_source, else local with --data_dir, sklearn for scikit-learn's digits, else hub."""
+    if (
+        args.dataset_source is None
+        and args.data_dir is None
+        and canonical_task_name(args.dataset) == SKLEARN_TASK
+    ):
+        return "sklearn"
+    return resolve_dataset_source(args.dataset_source, args.data_dir)
 
 
 def model_task_id(config: ni_hf.NeuralInterpreterConfig, task: str | None, dataset: str | None) -> int:
@@ -75,10 +110,12 @@ def model_task_id(config: ni_hf.NeuralInterpreterConfig, task: str | None, datas
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model = ni_hf.NeuralInterpreterForImageClassification.from_pretrained(args.model).eval()
-    processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(args.model)
+    with exit_on_bad_arguments():
+        path = check_model_path(args.model, "--model")
+        source = None if args.images else dataset_source(args)
+        model_class = ni_hf.NeuralInterpreterForImageClassification
+        model = load_checked(model_class, path, args.allow_mismatched_weights, option="--model").eval()
+    processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(path)
     task_id = model_task_id(model.config, args.task, args.dataset)
 
     if args.images:
@@ -86,11 +123,17 @@ def main(argv: list[str] | None = None) -> dict:
         images = [Image.open(p) for p in names]
         labels = None
     else:
-        data = load_task_split(args.dataset, args.split, args.dataset_source, args.data_dir, args.max_samples)
+        with exit_on_bad_arguments():
+            try:
+                data = load_task_split(args.dataset, args.split, source, args.data_dir, args.max_samples)
+            except FileNotFoundError as error:  # a local folder without the task: name the flag that chose it
+                raise ValueError(f"--data_dir {args.data_dir}: {error}") from error
         images = list(data["image"])
         labels = np.asarray(data["label"], dtype=np.int64)
         names = [f"{args.dataset}/{args.split}/{i}" for i in range(len(images))]
 
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
     options = dict(
         num_function_iterations=args.num_function_iterations, disabled_functions=args.disabled_functions
     )

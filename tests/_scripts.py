@@ -16,9 +16,7 @@ def load_script(path: Path, name: str) -> ModuleType:
     while the file executes); a module already registered under ``name`` is returned as it is."""
     if name in sys.modules:
         return sys.modules[name]
-    if (
-        str(path.parent) not in sys.path
-    ):  # a script imports its neighbours (examples/_common.py) as a script would
+    if str(path.parent) not in sys.path:  # a script imports its neighbours as a script would
         sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None

@@ -25,6 +25,7 @@ def load_app():
 
 
 app = load_app()
+quickstart = sys.modules["quickstart"]  # demo/quickstart.py, imported by the app
 
 
 def save_tiny_checkpoint(path: Path) -> Path:
@@ -102,21 +103,68 @@ def test_model_resolution(tmp_path, monkeypatch):
     assert app.resolve_model("local/ckpt") == ("local/ckpt", "Model: `local/ckpt`.")
     assert app.resolve_model(None)[0] == "some/hub-id"
     monkeypatch.delenv("NI_DEMO_MODEL")
-    monkeypatch.setattr(app, "README_QUICKSTART", tmp_path / "absent")
-    cache = save_tiny_checkpoint(tmp_path / "cache")
-    monkeypatch.setenv("NI_DEMO_CACHE", str(cache))
+    trained = save_tiny_checkpoint(tmp_path / "quickstart")
+    monkeypatch.setattr(app, "README_QUICKSTART", trained)
     path, note = app.resolve_model(None)
-    assert path == str(cache) and "trained on an earlier start" in note
-    trained = []
-    monkeypatch.setenv("NI_DEMO_CACHE", str(tmp_path / "new"))
+    assert path == str(trained) and "the README's quickstart model" in note
+    runs = []
+    monkeypatch.setattr(app, "README_QUICKSTART", tmp_path / "absent")
     monkeypatch.setattr(
         app,
         "train_quickstart_model",
-        lambda out: trained.append(out) or {"train_seconds": 5, "test_accuracy": 0.9},
+        lambda out: runs.append(out) or {"train_seconds": 5, "test_accuracy": 0.9},
     )
     path, note = app.resolve_model(None)
-    assert trained == [tmp_path / "new"] and path == str(tmp_path / "new")
-    assert "trained the quickstart model just now" in note and "90.0%" in note
+    assert runs == [tmp_path / "absent"] and path == str(tmp_path / "absent")
+    assert "trained the README's quickstart model just now" in note and "90.0%" in note
+
+
+def test_the_demo_trains_with_the_readme_command():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(
+        r"python (examples/run_digits\.py --preset quickstart --output_dir \S+)", readme
+    ).group(1)
+    script, *args = command.split()
+    assert quickstart.quickstart_command(args[-1])[1:] == [str(ROOT / script), *args]
+
+
+def test_the_demos_model_is_the_quickstart_presets(tmp_path):
+    """A short run of the demo's training (2 steps): the config of README command 1's model, and its attention."""
+    from ni_hf.training.presets import DIGITS_PRESETS
+
+    preset = DIGITS_PRESETS["quickstart"]
+    result = quickstart.train_quickstart_model(
+        tmp_path / "quickstart", ["--max_steps", "2", "--max_eval_samples", "20"]
+    )
+    assert 0 <= result["test_accuracy"] <= 1 and result["train_seconds"] > 0
+    config = ni_hf.NeuralInterpreterConfig.from_pretrained(tmp_path / "quickstart")
+    assert {key: getattr(config, key) for key in preset.config} == dict(preset.config)
+    assert config.hidden_dropout_prob == config.attention_probs_dropout_prob == 0
+    card = (tmp_path / "quickstart" / "README.md").read_text()
+    assert "--preset quickstart" in card
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda demo: demo.run(None, "mnist", 1, []), "image: expected a PIL image of a digit, got NoneType"),
+        (
+            lambda demo: demo.run(dark_on_light_digit(), "svhn", 1, []),
+            r"task 'svhn': expected one of .*'mnist'",
+        ),
+        (lambda demo: demo.run(dark_on_light_digit(), "mnist", 3, []), "iterations: expected 1 to 2, got 3"),
+        (
+            lambda demo: demo.run(dark_on_light_digit(), "mnist", 1, ["function 7"]),
+            r"switched_off: \['function 7'\]",
+        ),
+    ],
+)
+def test_the_demo_names_a_bad_input(tmp_path, call, error):
+    demo = app.InterpreterDemo(str(save_tiny_checkpoint(tmp_path / "ckpt")))
+    with pytest.raises(ValueError, match=error):
+        call(demo)
 
 
 def test_app_builds(tmp_path):

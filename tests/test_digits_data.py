@@ -17,6 +17,7 @@ from ni_hf.data.digits import (
     LOCAL_FOLDER_NAMES,
     PAPER_TASKS,
     SKLEARN_TASK,
+    DigitsTransform,
     HubDatasetSpec,
     canonical_task_name,
     known_task_names,
@@ -450,3 +451,31 @@ def pa_array(values: list, type_) -> object:
     import pyarrow as pa
 
     return pa.array(values, type=type_)
+
+
+def test_the_transform_gives_the_models_task_ids_and_draws_no_random_numbers():
+    import torch
+
+    from ni_hf import NeuralInterpreterImageProcessor
+
+    processor = NeuralInterpreterImageProcessor()
+    rng = np.random.default_rng(0)
+    batch = {
+        "image": [PILImage.fromarray(rng.integers(0, 255, (28, 28), dtype=np.uint8)) for _ in range(4)],
+        "label": [1, 2, 3, 4],
+        "task_id": [0, 1, 0, 1],
+    }
+    state = torch.random.get_rng_state()
+    out = DigitsTransform(processor)(batch)
+    assert torch.equal(
+        torch.random.get_rng_state(), state
+    )  # it runs in DataLoader workers: nothing to replay
+    assert out["labels"] == [1, 2, 3, 4] and out["task_ids"] == [0, 1, 0, 1]
+    assert all(image.dtype == np.float32 and image.shape == (3, 32, 32) for image in out["pixel_values"])
+    assert DigitsTransform(processor, model_task_ids=[2, 0])(batch)["task_ids"] == [2, 0, 2, 0]
+    assert DigitsTransform(processor, task_id=5)(batch)["task_ids"] == [5] * 4
+
+
+def test_load_task_split_takes_the_local_source_from_data_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"No local data for task 'mnist'.*{tmp_path}"):
+        load_task_split("mnist", "test", data_dir=tmp_path)

@@ -246,9 +246,8 @@ def test_max_train_minutes_stops_training_after_the_first_step(tmp_path: Path) -
 
 
 def test_max_train_minutes_refuses_a_non_positive_budget() -> None:
-    sys.path.insert(0, str(REPO / "examples"))
-    import _common
+    from ni_hf.training import callbacks
 
     with pytest.raises(ValueError, match="--max_train_minutes 0: must be a positive"):
-        _common.time_limit_callbacks(0)
-    assert _common.time_limit_callbacks(None) == []
+        callbacks.time_limit_callbacks(0)
+    assert callbacks.time_limit_callbacks(None) == []

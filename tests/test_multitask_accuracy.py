@@ -201,3 +201,41 @@ def test_non_integer_predictions_are_refused_not_truncated() -> None:
     with pytest.raises(ValueError, match="task_ids must be integer"):
         compute_multitask_accuracy([1, 1], [1, 1], [0.5, 1.0])
     assert compute_multitask_accuracy([1.0, 0.0], [1, 0], [0, 0])["accuracy"] == 1.0
+
+
+def test_evaluate_multitask_accuracy_is_the_models_own_argmax_per_task(tester) -> None:
+    """Batches over several datasets (uneven last batch) give the accuracy of the model's argmax, per task."""
+    from ni_hf import NeuralInterpreterForImageClassification
+    from ni_hf.training.evaluation import evaluate_multitask_accuracy
+
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    rng = np.random.default_rng(0)
+    tests = []
+    for task_id, size in enumerate((5, 3)):
+        pixels = rng.standard_normal((size, config.num_patches, config.patch_dim)).astype(np.float32)
+        labels = rng.integers(0, config.num_labels, size)
+        tests.append({"pixel_values": list(pixels), "labels": labels.tolist(), "task_ids": [task_id] * size})
+
+    class Rows:  # a dataset's slicing: rows [a:b] as a dict of columns
+        def __init__(self, columns: dict) -> None:
+            self.columns = columns
+
+        def __len__(self) -> int:
+            return len(self.columns["labels"])
+
+        def __getitem__(self, rows: slice) -> dict:
+            return {name: values[rows] for name, values in self.columns.items()}
+
+    result = evaluate_multitask_accuracy(model, [Rows(t) for t in tests], ["a", "b"], batch_size=2)
+    correct = []
+    for test in tests:
+        with torch.no_grad():
+            logits = model(
+                pixel_values=torch.from_numpy(np.stack(test["pixel_values"])),
+                task_ids=torch.tensor(test["task_ids"]),
+            ).logits
+        correct.append(logits.argmax(-1).numpy() == np.array(test["labels"]))
+    assert result["accuracy_a"] == pytest.approx(correct[0].mean())
+    assert result["accuracy_b"] == pytest.approx(correct[1].mean())
+    assert result["accuracy"] == pytest.approx(np.concatenate(correct).mean())

@@ -476,12 +476,12 @@ def test_prepared_vit_has_a_fresh_token_and_head_and_the_pretrained_layers(vit_r
 @pytest.mark.parametrize(
     "studies", ["reinitialized_functions", "fast_adaptation,dropped_functions", "capacity_extension"]
 )
-def test_function_studies_refuse_a_vit_checkpoint(vit_run, run_digits_adaptation, tmp_path, studies):
+def test_function_studies_refuse_a_vit_checkpoint(vit_run, run_digits_adaptation, tmp_path, capsys, studies):
     checkpoint, _ = vit_run
-    with pytest.raises(
-        ValueError, match="is a multi-task ViT, and these studies act on a Neural Interpreter"
-    ):
+    with pytest.raises(SystemExit) as exit_info:
         run_digits_adaptation.main(adaptation_args(checkpoint, tmp_path / "x", "--studies", studies))
+    assert exit_info.value.code == 2
+    assert "is a multi-task ViT, and these studies act on a Neural Interpreter" in capsys.readouterr().err
     assert not (tmp_path / "x" / "adaptation_results.json").exists()
 
 

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub
 import pytest
 from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils import filter_repo_objects
 
+import ni_hf.training.publishing
 from ni_hf.training.publishing import (
     UPLOAD_IGNORE_PATTERNS,
+    check_push,
     explain_push_failure,
+    hub_repo_id,
     push_folder,
+    push_run,
     reconstruct_command,
 )
 
@@ -83,3 +89,70 @@ def test_reconstructed_command_names_the_launcher(monkeypatch: pytest.MonkeyPatc
     assert reconstruct_command("examples/run.py", [], 2)[0].startswith("torchrun --nproc_per_node 2 ")
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
     assert reconstruct_command("examples/run.py", [], 4)[0].startswith("accelerate launch --num_processes 4 ")
+
+
+def _args(**overrides) -> SimpleNamespace:
+    settings = dict(
+        hub_model_id=None, output_dir="runs/my-run", hub_token=None, hub_private_repo=None, hub_revision=None
+    )
+    return SimpleNamespace(**{**settings, **overrides})
+
+
+def test_the_repo_is_the_hub_model_id_else_the_output_folders_name() -> None:
+    assert hub_repo_id(_args()) == "my-run"
+    assert hub_repo_id(_args(hub_model_id="me/run")) == "me/run"
+
+
+@pytest.mark.parametrize(
+    ("offline", "token", "overrides", "match"),
+    [
+        (True, "hf_x", {}, "--push_to_hub: HF_HUB_OFFLINE is set"),
+        (False, None, {}, "--push_to_hub needs a write token"),
+        (False, "hf_x", {"hub_model_id": "me/a/b"}, "--hub_model_id 'me/a/b' is not a Hub repo id"),
+        (
+            False,
+            "hf_x",
+            {"output_dir": "runs/bad name!"},
+            "--output_dir's name \\(pass --hub_model_id\\) 'bad name!'",
+        ),
+    ],
+)
+def test_a_push_that_cannot_work_is_refused_naming_why(
+    monkeypatch: pytest.MonkeyPatch, offline: bool, token: str | None, overrides: dict, match: str
+) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
+    with pytest.raises(ValueError, match=match):
+        check_push(_args(**overrides))
+
+
+def test_a_push_that_can_work_passes_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    check_push(_args(hub_token="hf_x", hub_model_id="me/run"))
+
+
+def test_push_run_uploads_with_the_runs_settings_and_exits_1_saying_how_to_upload_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls = []
+
+    def upload(folder, repo_id, **kwargs):
+        calls.append((folder, repo_id, kwargs))
+        return "https://hf.co/me/run/commit/1"
+
+    monkeypatch.setattr(ni_hf.training.publishing, "push_folder", upload)
+    args = _args(hub_model_id="me/run", hub_token="t", hub_private_repo=True, hub_revision="dev")
+    assert push_run(tmp_path, args, "a run") == "https://hf.co/me/run/commit/1"
+    assert calls == [
+        (tmp_path, "me/run", {"commit_message": "a run", "token": "t", "private": True, "revision": "dev"})
+    ]
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("the network is unreachable")
+
+    monkeypatch.setattr(ni_hf.training.publishing, "push_folder", unreachable)
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exit_info:
+        push_run(tmp_path, args, "a run")
+    assert exit_info.value.code == 1
+    assert f"hf upload me/run {tmp_path} ." in caplog.text and "network is unreachable" in caplog.text

@@ -24,16 +24,12 @@ import _scripts
 import numpy as np
 import pytest
 import torch
+from _digits_runs import EVAL_PER_TASK, REPO, SCRIPT, TINY_CONFIG, tiny_args, write_tiny_digits
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "examples" / "run_digits.py"
+from ni_hf.training.checkpoints import LOCK_NAME
+from ni_hf.training.presets import DIGITS_PRESETS, parse_config_overrides
+
 SHARED_DATA = REPO.parent / "shared" / "data"
-TINY_CONFIG = (
-    "hidden_size=16,code_dim=8,num_function_iterations=1,num_functions=2,num_attention_heads=2,"
-    "attention_head_size=4,type_inference_hidden_size=8,type_dim=4"
-)
-TRAIN_PER_TASK = 40
-EVAL_PER_TASK = 19  # 2 tasks x 19 = 38 test samples: not a multiple of 2 processes x batch 4
 HUB_REPO = "me/ni-digits-test"
 
 
@@ -43,7 +39,6 @@ def load_script():
 
 
 run_digits = load_script()
-import _common  # noqa: E402  (examples/ is on sys.path once the script is loaded)
 
 
 @contextmanager
@@ -98,61 +93,7 @@ class Collect(logging.Handler):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     """Two small tasks in the Hub Parquet layout: sklearn digits as 8x8 gray 'mnist' and 16x16 RGB 'mnist_m'."""
-    from datasets import ClassLabel, Dataset, Features, Image
-    from sklearn.datasets import load_digits
-
-    root = tmp_path_factory.mktemp("digits_data")
-    bunch = load_digits()
-    gray = np.round(bunch.images * (255 / 16)).astype(np.uint8)
-    features = Features({"image": Image(), "label": ClassLabel(names=[str(i) for i in range(10)])})
-    rng = np.random.default_rng(0)
-    for folder, offset in (("mnist", 0), ("mnist_m", 400)):
-        for split, start, size in (("train", offset, TRAIN_PER_TASK), ("test", offset + 200, EVAL_PER_TASK)):
-            images = gray[start : start + size]
-            if folder == "mnist_m":  # 16x16 RGB on a coloured background: another "domain"
-                background = rng.integers(0, 80, size=(len(images), 1, 1, 3))
-                rgb = np.clip(images[..., None].astype(np.int16) + background, 0, 255).astype(np.uint8)
-                images = rgb.repeat(2, axis=1).repeat(2, axis=2)
-            ds = Dataset.from_dict(
-                {"image": list(images), "label": bunch.target[start : start + size].tolist()},
-                features=features,
-            )
-            (root / folder).mkdir(exist_ok=True)
-            ds.to_parquet(root / folder / f"{split}.parquet")
-    return root
-
-
-def tiny_args(output_dir: Path, data_dir: Path, *extra: str) -> list[str]:
-    """Arguments of a few-second run on the two tiny tasks."""
-    return [
-        "--output_dir",
-        str(output_dir),
-        "--data_dir",
-        str(data_dir),
-        "--config_overrides",
-        TINY_CONFIG,
-        "--per_device_train_batch_size",
-        "8",
-        "--per_device_eval_batch_size",
-        "8",
-        "--max_steps",
-        "4",
-        "--eval_strategy",
-        "no",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "2",
-        "--logging_steps",
-        "1",
-        "--seed",
-        "0",
-        "--use_cpu",
-        "true",
-        "--max_eval_samples",
-        str(EVAL_PER_TASK),
-        *extra,
-    ]
+    return write_tiny_digits(tmp_path_factory.mktemp("digits_data"))
 
 
 @pytest.fixture(scope="module")
@@ -189,14 +130,14 @@ README_QUICKSTART = [
     "--adam_beta2", "0.99", "--randaugment_num_ops", "1", "--randaugment_magnitude", "5",
     "--randaugment_operations", "rotate", "shear_x", "shear_y", "translate_x", "translate_y",
     "--save_strategy", "no", "--eval_strategy", "no",
-    "--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true",
+    "--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true", "--attn_implementation", "fast",
 ]  # fmt: skip
 
 
 def test_config_overrides_are_parsed_checked_and_applied():
     from ni_hf import NeuralInterpreterConfig
 
-    parsed = _common.parse_config_overrides(
+    parsed = parse_config_overrides(
         "num_functions=6, truncation_tau=1.2,num_function_iterations=[2,3],initializer_range=null,straight_through=true",
         NeuralInterpreterConfig,
     )
@@ -208,11 +149,11 @@ def test_config_overrides_are_parsed_checked_and_applied():
         "straight_through": True,
     }
     with pytest.raises(ValueError, match="unknown setting 'num_funtions'"):
-        _common.parse_config_overrides("num_funtions=6", NeuralInterpreterConfig)
+        parse_config_overrides("num_funtions=6", NeuralInterpreterConfig)
     with pytest.raises(ValueError, match="set by the script"):
-        _common.parse_config_overrides("task_names=['a']", NeuralInterpreterConfig, reserved=["task_names"])
+        parse_config_overrides("task_names=['a']", NeuralInterpreterConfig, reserved=["task_names"])
     with pytest.raises(ValueError, match="without a value"):
-        _common.parse_config_overrides("num_functions=6,typo", NeuralInterpreterConfig)
+        parse_config_overrides("num_functions=6,typo", NeuralInterpreterConfig)
     model_args = run_digits.ModelArguments(config_overrides="num_functions=6,hidden_size=64")
     config = run_digits.build_config(model_args, ["mnist", "svhn"])
     assert (config.num_functions, config.hidden_size, config.num_function_iterations) == (6, 64, 8)
@@ -250,8 +191,11 @@ def test_the_quickstart_preset_is_the_readme_command_and_every_flag_overrides_it
     assert data_args.randaugment_operations == ["rotate"] and data_args.dataset_source == "sklearn"
     _, _, args = parsed("--preset", "quickstart", "--dataloader_num_workers", "0")
     assert args["dataloader_num_workers"] == 0 and not args["dataloader_persistent_workers"]
-    model_args, _, _ = parsed("--preset=quickstart", "--config_overrides", "hidden_size=32")
-    assert model_args.config_overrides == "hidden_size=32"
+    model_args, _, _ = parsed(
+        "--preset=quickstart", "--config_overrides", "hidden_size=32,truncation_tau=1.2"
+    )
+    merged = {**DIGITS_PRESETS["quickstart"].config, "hidden_size": 32, "truncation_tau": 1.2}
+    assert run_digits.build_config(model_args, ["sklearn_digits"]).to_dict().items() >= merged.items()
     with pytest.raises(ValueError, match="--preset 'fast'"):
         run_digits.parse_arguments(["--output_dir", "unused", "--preset", "fast"])
 
@@ -259,25 +203,6 @@ def test_the_quickstart_preset_is_the_readme_command_and_every_flag_overrides_it
 def test_local_source_finds_the_paper_datasets_present(data_dir):
     _, data_args, _ = run_digits.parse_arguments(["--output_dir", "x", "--data_dir", str(data_dir)])
     assert run_digits.resolve_tasks(data_args) == ("local", ["mnist", "mnistm"])
-
-
-def test_the_transform_gives_the_models_task_ids():
-    from PIL import Image as PILImage
-
-    from ni_hf import NeuralInterpreterImageProcessor
-
-    processor = NeuralInterpreterImageProcessor()
-    rng = np.random.default_rng(0)
-    batch = {
-        "image": [PILImage.fromarray(rng.integers(0, 255, (28, 28), dtype=np.uint8)) for _ in range(4)],
-        "label": [1, 2, 3, 4],
-        "task_id": [0, 1, 0, 1],
-    }
-    out = _common.DigitsTransform(processor)(batch)
-    assert out["labels"] == [1, 2, 3, 4] and out["task_ids"] == [0, 1, 0, 1]
-    assert all(image.dtype == np.float32 and image.shape == (3, 32, 32) for image in out["pixel_values"])
-    assert _common.DigitsTransform(processor, model_task_ids=[2, 0])(batch)["task_ids"] == [2, 0, 2, 0]
-    assert _common.DigitsTransform(processor, task_id=5)(batch)["task_ids"] == [5] * 4
 
 
 def test_dataloader_workers_started_by_forkserver_unpickle_the_transform(data_dir, tmp_path):
@@ -703,7 +628,7 @@ def test_an_empty_split_is_refused_by_name(data_dir, tmp_path):
 def test_an_output_dir_in_use_by_a_live_run_is_refused_and_a_stale_lock_taken_over(no_data_loading, tmp_path):
     output_dir = tmp_path / "out"
     output_dir.mkdir()
-    lock = output_dir / _common.LOCK_NAME
+    lock = output_dir / LOCK_NAME
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as other:
         lock.write_text(str(other.pid))
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +17,7 @@ import torch
 from _scripts import load_script, run_with_forkserver, torchrun_command
 
 import ni_hf
+import ni_hf.training.run_setup
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "run_digits_adaptation.py"
 
@@ -95,12 +98,11 @@ def test_quick_runs_every_study_and_draws_one_plot_per_study(
     script: ModuleType, checkpoint: Path, tmp_path: Path
 ) -> None:
     args = sklearn_study_args(checkpoint)
-    results = script.main([*args, "--quick", "--output_dir", str(tmp_path)])
+    results = script.main([*args, "--preset", "quick", "--output_dir", str(tmp_path)])
+    quick = script.PRESETS["quick"].arguments
     assert results["studies"] == list(script.STUDIES)
-    assert sorted(results["fast_adaptation"], key=int) == [
-        str(n) for n in script.QUICK_SETTINGS["num_train_samples"]
-    ]
-    assert results["arguments"]["adapt_epochs"] == script.QUICK_SETTINGS["adapt_epochs"]
+    assert sorted(results["fast_adaptation"], key=int) == [str(n) for n in quick["num_train_samples"]]
+    assert results["arguments"]["adapt_epochs"] == quick["adapt_epochs"]
     assert sorted(results["function_iterations"]) == ["1", "2"]  # the checkpoint's 2 trained iterations
     for study in ("fast_adaptation", "capacity_extension", "dropped_functions", "function_iterations"):
         assert (tmp_path / f"{study}.png").stat().st_size > 1000, study
@@ -150,6 +152,35 @@ def test_the_plot_script_draws_several_runs_in_one_fast_adaptation_plot(
         plot_script.main([str(tmp_path / "missing.json"), "--output_dir", str(tmp_path)])
 
 
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (None, "no such file"),
+        ("{}", "no 'model', 'new_task', 'arguments'"),
+        ("[1, 2]", "holds a JSON list, not an object"),
+        ('{"model": "m",', "not JSON \\(Expecting"),
+        (
+            '{"model": "m", "new_task": "t", "arguments": {}, "fast_adaptation": [1]}',
+            "'fast_adaptation' is not an object",
+        ),
+    ],
+    ids=["missing", "empty object", "list", "malformed", "bad study"],
+)
+def test_the_plot_script_refuses_a_file_that_is_not_adaptation_results_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture, content: str | None, match: str
+) -> None:
+    plot_script = load_script(SCRIPT.parent / "plot_adaptation_studies.py", "plot_adaptation_studies")
+    path = tmp_path / "adaptation_results.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exit_info:
+        plot_script.main([str(path), "--output_dir", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"error: {path}: " in err and re.search(match, err), err
+    assert "expected an adaptation_results.json of run_digits_adaptation.py" in err
+    assert not (tmp_path / "report").exists()
+
+
 def test_reinitialized_functions_redraw_only_codes_and_signatures(
     script: ModuleType, checkpoint: Path
 ) -> None:
@@ -181,11 +212,7 @@ def test_a_loaded_checkpoint_has_its_problem_type_before_the_first_forward(
     assert script.load_pretrained(str(checkpoint)).config.problem_type == "single_label_classification"
 
 
-def test_bad_requests_name_what_was_expected(script: ModuleType, checkpoint: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown"):
-        script.main(
-            ["--model_name_or_path", str(checkpoint), "--studies", "nope", "--output_dir", str(tmp_path)]
-        )
+def test_a_subset_larger_than_the_data_is_refused(script: ModuleType) -> None:
     with pytest.raises(ValueError, match="only 5"):
         script.subset(datasets.Dataset.from_dict({"a": list(range(5))}), 6, seed=0)
 
@@ -280,17 +307,150 @@ def no_data_loading(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(script, "load_task_split", refuse)
 
 
+def refusal(script: ModuleType, argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    """Run the script on ``argv``; it must exit with status 2 (a bad argument); return its stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "run_digits_adaptation.py: error: " in err
+    return err
+
+
 @pytest.mark.parametrize("path", ["absolute", "./does_not_exist", "~/does_not_exist_ni_hf", "a/b/c"])
 def test_missing_local_checkpoint_is_named(
-    script: ModuleType, no_data_loading, tmp_path: Path, path: str
+    script: ModuleType, no_data_loading, tmp_path: Path, capsys: pytest.CaptureFixture, path: str
 ) -> None:
     path = str(tmp_path / "does_not_exist") if path == "absolute" else path
-    with pytest.raises(ValueError, match=f"--model_name_or_path {path}: no such directory"):
-        script.main(["--model_name_or_path", path, "--output_dir", str(tmp_path / "out")])
+    err = refusal(script, ["--model_name_or_path", path, "--output_dir", str(tmp_path / "out")], capsys)
+    assert f"--model_name_or_path {path}: no such directory" in err
     assert script.check_model_path("namespace/name") == "namespace/name"  # a Hub repo id stays one
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="not a directory"):
         script.check_model_path(str(tmp_path / "file"))
+
+
+BAD_ARGUMENTS = [
+    (["--studies", "nope"], "--studies: unknown \\['nope'\\]"),
+    (["--preset", "fast"], "--preset 'fast': expected one of \\['paper', 'quick'\\]"),
+    (["--num_train_samples", "-5"], "--num_train_samples must be at least 1, got -5"),
+    (["--num_train_samples", "32", "0", "64"], "--num_train_samples must be at least 1, got 0"),
+    (["--num_train_samples", "32", "32"], "--num_train_samples 32 32: expected each value once"),
+    (["--adaptation_seeds", "-1"], "--adaptation_seeds must be at least 0, got -1"),
+    (["--capacity_new_functions", "-1"], "--capacity_new_functions must be at least 0, got -1"),
+    (["--capacity_train_samples", "0"], "--capacity_train_samples must be at least 1, got 0"),
+    (["--max_eval_samples", "0"], "--max_eval_samples must be at least 1, got 0"),
+    (["--dropped_draws", "0"], "--dropped_draws must be at least 1, got 0"),
+    (["--eval_batch_size", "0"], "--eval_batch_size must be at least 1, got 0"),
+    (["--batch_size", "0"], "--batch_size must be at least 1, got 0"),
+    (["--adapt_epochs", "0"], "--adapt_epochs must be a positive number, got 0.0"),
+    (["--adapt_epochs", "nan"], "--adapt_epochs must be a positive number, got nan"),
+    (["--adapt_learning_rate", "-0.05"], "--adapt_learning_rate must be a positive number, got -0.05"),
+    (["--capacity_learning_rate", "inf"], "--capacity_learning_rate must be a positive number, got inf"),
+    (
+        ["--learning_rate", "0.1"],
+        "--learning_rate 0.1: every fine-tuning run sets it; use --adapt_learning_rate",
+    ),
+    (
+        ["--num_train_epochs", "5"],
+        "--num_train_epochs 5.0: every fine-tuning run sets it; use --adapt_epochs",
+    ),
+    (["--per_device_train_batch_size", "4"], "--per_device_train_batch_size 4: .* use --batch_size"),
+    (["--seed", "7"], "--seed 7: every fine-tuning run sets it; use --adaptation_seeds"),
+    (["--lr_scheduler_type", "cosine"], "--lr_scheduler_type cosine: .* constant"),
+    (["--dataloader_num_workers", "-2"], "--dataloader_num_workers must be at least 0, got -2"),
+    (
+        ["--new_task", "cifar10", "--dataset_source", "sklearn"],
+        "--new_task cifar10: not a dataset of --dataset_source sklearn",
+    ),
+    (
+        ["--capacity_new_functions", "0", "10000000"],
+        "--batch_size 128 and --eval_batch_size 256 and --capacity_new_functions 10000000 need at least .* GiB for "
+        "one batch; cpu has 8.0 GiB",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), BAD_ARGUMENTS, ids=[" ".join(a) for a, _ in BAD_ARGUMENTS])
+def test_a_bad_argument_is_refused_before_any_data_naming_the_option(
+    script: ModuleType,
+    checkpoint: Path,
+    no_data_loading,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    extra: list[str],
+    match: str,
+) -> None:
+    """Exit status 2 and a message on stderr that names the flag, before any data is loaded (a machine of 8 GiB)."""
+    monkeypatch.setattr(ni_hf.training.run_setup, "total_memory", lambda device: 8 * 2**30)
+    argv = [*sklearn_study_args(checkpoint), "--output_dir", str(tmp_path / "out"), *extra]
+    err = refusal(script, argv, capsys)
+    assert re.search(match, err), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def vit_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny multi-task ViT on scikit-learn's digits, saved as run_digits.py --architecture vit saves it."""
+    config = ni_hf.MultiTaskViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, image_size=32, patch_size=8,
+        task_names=["sklearn_digits"], num_labels=10,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("vit")
+    ni_hf.MultiTaskViTForImageClassification(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("folder", ["neural_interpreter", "vit"])
+def test_weights_of_another_model_are_refused_naming_the_file(
+    script: ModuleType,
+    checkpoint: Path,
+    vit_checkpoint: Path,
+    no_data_loading,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    folder: str,
+) -> None:
+    """A checkpoint folder whose config is one architecture's and whose model.safetensors is the other's."""
+    config_of, weights_of = (
+        (checkpoint, vit_checkpoint) if folder == "neural_interpreter" else (vit_checkpoint, checkpoint)
+    )
+    mixed = tmp_path / "mixed"
+    shutil.copytree(config_of, mixed)
+    shutil.copyfile(weights_of / "model.safetensors", mixed / "model.safetensors")
+    err = refusal(script, ["--model_name_or_path", str(mixed), "--output_dir", str(tmp_path / "out")], capsys)
+    assert f"{mixed / 'model.safetensors'} does not fit" in err and "--allow_mismatched_weights" in err
+
+
+def test_a_vit_checkpoint_runs_fast_adaptation_only_and_refuses_the_function_studies(
+    script: ModuleType, vit_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    args = [
+        "--model_name_or_path",
+        str(vit_checkpoint),
+        "--new_task",
+        "sklearn_digits",
+        "--dataset_source",
+        "sklearn",
+    ]
+    err = refusal(script, [*args, "--studies", "dropped_functions", "--output_dir", str(tmp_path)], capsys)
+    assert "is a multi-task ViT, and these studies act on a Neural Interpreter's functions" in err
+    args += [
+        "--use_cpu",
+        "true",
+        "--num_train_samples",
+        "64",
+        "--adaptation_seeds",
+        "0",
+        "--adapt_epochs",
+        "1",
+    ]
+    results = script.main(
+        [*args, "--batch_size", "32", "--max_eval_samples", "40", "--output_dir", str(tmp_path)]
+    )
+    assert results["architecture"] == "vit" and results["studies"] == ["fast_adaptation"]
+    assert results["fast_adaptation"]["64"]["details"][0]["train_steps"] == 2
 
 
 def test_a_nan_loss_is_logged_as_nan(script: ModuleType) -> None:
@@ -308,10 +468,16 @@ def test_a_nan_loss_is_logged_as_nan(script: ModuleType) -> None:
     ],
 )
 def test_data_dir_goes_only_with_local_data(
-    script: ModuleType, checkpoint: Path, no_data_loading, tmp_path: Path, source_args: list[str], error: str
+    script: ModuleType,
+    checkpoint: Path,
+    no_data_loading,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    source_args: list[str],
+    error: str,
 ) -> None:
-    with pytest.raises(ValueError, match=error):
-        script.main(["--model_name_or_path", str(checkpoint), *source_args, "--output_dir", str(tmp_path)])
+    argv = ["--model_name_or_path", str(checkpoint), *source_args, "--output_dir", str(tmp_path)]
+    assert error in refusal(script, argv, capsys)
 
 
 def test_data_dir_alone_selects_local_data_as_in_run_digits(
@@ -358,7 +524,11 @@ def test_data_dir_alone_selects_local_data_as_in_run_digits(
 
 
 def test_too_large_training_sizes_fail_before_any_run(
-    script: ModuleType, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    script: ModuleType,
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("a run started before the sizes were checked")
@@ -371,6 +541,5 @@ def test_too_large_training_sizes_fail_before_any_run(
         "--num_train_samples 2048 5000 and --capacity_train_samples 8192: more than the 1437 images of the "
         "training split of sklearn_digits"
     )
-    with pytest.raises(ValueError, match=expected):
-        script.main(args)
+    assert expected in refusal(script, args, capsys)
     assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""Tests of examples/run_fuzzy_boolean.py: R^2, the adaptation settings, the quick protocol end to end, resuming,
+"""Tests of examples/run_fuzzy_boolean.py: R^2, the adaptation settings, the quick preset end to end, resuming,
 two processes, and the refusal of every bad argument before any work."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,8 +20,16 @@ import pytest
 import torch
 from _scripts import load_script, torchrun_command
 
-from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
-from ni_hf.data.fuzzy_boolean import make_fuzzy_boolean_tensors
+import ni_hf.training.publishing
+import ni_hf.training.run_setup
+from ni_hf import (
+    NeuralInterpreterConfig,
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterForSetRegression,
+)
+from ni_hf.data.fuzzy_boolean import TensorBatchDataset, batch_collator, make_fuzzy_boolean_tensors
+from ni_hf.training.evaluation import r2_per_function
+from ni_hf.training.model_card import FUZZY_BOOLEAN_ROUTING_POINTS, fuzzy_boolean_routing_section
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "run_fuzzy_boolean.py"
 SETTINGS = ("cls_tokens", "type_inference", "all")
@@ -37,9 +47,9 @@ def script() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def quick_run(script: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """Run `--protocol quick` once in-process; return (returned results, output_dir)."""
+    """Run `--preset quick` once in-process; return (returned results, output_dir)."""
     output_dir = tmp_path_factory.mktemp("fuzzy_boolean_quick")
-    results = script.main(["--protocol", "quick", "--output_dir", str(output_dir), "--disable_tqdm", "true"])
+    results = script.main(["--preset", "quick", "--output_dir", str(output_dir), "--disable_tqdm", "true"])
     return results, output_dir
 
 
@@ -51,34 +61,34 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
 # --- R^2 and data -----------------------------------------------------------------------------------------
 
 
-def test_r2_hand_example(script: ModuleType) -> None:
+def test_r2_hand_example() -> None:
     """R^2 = 1 - SSE/SST per column, by hand; constant targets give 1 (exact) or -inf."""
     targets = np.array([[1.0, 0.0, 2.0], [2.0, 1.0, 2.0], [3.0, 0.0, 2.0], [4.0, 1.0, 2.0]])
     predictions = np.array([[1.0, 0.5, 2.0], [2.0, 0.5, 2.0], [3.0, 0.5, 2.0], [5.0, 0.5, 2.0]])
     # Column 0: SSE = 1, mean 2.5, SST = 2.25 + 0.25 + 0.25 + 2.25 = 5 -> 0.8.
     # Column 1: predicting the mean -> 0. Column 2: constant target predicted exactly -> 1.
-    r2 = script.r2_per_function(predictions, targets)
+    r2 = r2_per_function(predictions, targets)
     np.testing.assert_allclose(r2, [0.8, 0.0, 1.0])
-    assert script.r2_per_function(np.array([2.0, 2.5]), np.array([2.0, 2.0]))[0] == -np.inf
+    assert r2_per_function(np.array([2.0, 2.5]), np.array([2.0, 2.0]))[0] == -np.inf
     # Agrees with scikit-learn on random data, and accepts tensors.
     from sklearn.metrics import r2_score
 
     rng = np.random.default_rng(0)
     y, p = rng.random((50, 4)), rng.random((50, 4))
     np.testing.assert_allclose(
-        script.r2_per_function(torch.from_numpy(p), torch.from_numpy(y)),
+        r2_per_function(torch.from_numpy(p), torch.from_numpy(y)),
         r2_score(y, p, multioutput="raw_values"),
     )
 
 
-def test_whole_batch_dataset(script: ModuleType) -> None:
+def test_whole_batch_dataset() -> None:
     """__getitems__ returns the batch in one index, and the collator passes it through unchanged."""
     x, y = torch.rand(10, 5), torch.rand(10, 3)
-    ds = script.TensorBatchDataset(x, y)
-    batch = script.batch_collator(ds.__getitems__([3, 1, 7]))
+    ds = TensorBatchDataset(x, y)
+    batch = batch_collator(ds.__getitems__([3, 1, 7]))
     torch.testing.assert_close(batch["inputs"], x[[3, 1, 7]])
     torch.testing.assert_close(batch["labels"], y[[3, 1, 7]])
-    stacked = script.batch_collator([ds[3], ds[1]])
+    stacked = batch_collator([ds[3], ds[1]])
     torch.testing.assert_close(stacked["inputs"], x[[3, 1]])
 
 
@@ -110,7 +120,7 @@ def test_set_adaptation_trainable_groups(script: ModuleType) -> None:
         assert sum(counts.values()) == sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-# --- the quick protocol end to end ---------------------------------------------------------------------------
+# --- the quick preset end to end ---------------------------------------------------------------------------
 
 
 def test_quick_protocol_writes_results(quick_run: tuple[dict[str, Any], Path]) -> None:
@@ -169,7 +179,7 @@ def test_model_card_carries_the_measured_r2_and_its_snippet_loads_every_model_wi
         "fuzzy-boolean-functions-new"
     ] * 3
     assert "This run used the `quick` protocol, not the paper's" in card.text
-    assert "| `adapt-all/` |" in card.text and "--protocol quick" in card.text
+    assert "| `adapt-all/` |" in card.text and "--preset quick" in card.text
     assert "{{" not in card.text and "<built-in" not in card.text
     snippet = card.text.split("```python")[1].split("```")[0]
     assert 'subfolder="pretrain"' in snippet and "get_class_from_dynamic_module" in snippet
@@ -213,7 +223,6 @@ def test_model_card_links_each_saved_models_routing_pictures_and_its_usage_is_th
     from PIL import Image
 
     results, output_dir = quick_run
-    script = _load_script()
     card = ModelCard.load(output_dir / "README.md").text
     assert "## Routing" in card
     data = make_fuzzy_boolean_tensors(points_per_function=results["protocol"]["points_per_function"], seed=0)
@@ -225,7 +234,7 @@ def test_model_card_links_each_saved_models_routing_pictures_and_its_usage_is_th
                 assert image.format == "PNG" and image.width > 300
         usage = json.loads((output_dir / f"routing_{folder}_usage.json").read_text())
         model = NeuralInterpreterForSetRegression.from_pretrained(str(output_dir / folder)).eval()
-        x = data[group]["test"][0][: script.ROUTING_POINTS]
+        x = data[group]["test"][0][:FUZZY_BOOLEAN_ROUTING_POINTS]
         with torch.no_grad():
             c = (
                 torch.stack(model(inputs=x, output_routing=True).compatibilities).double().numpy()
@@ -253,7 +262,6 @@ def test_model_card_links_each_saved_models_routing_pictures_and_its_usage_is_th
 
 
 def test_without_matplotlib_the_card_keeps_the_usage_table_and_the_log_says_the_pictures_were_skipped(
-    script: ModuleType,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -263,7 +271,7 @@ def test_without_matplotlib_the_card_keeps_the_usage_table_and_the_log_says_the_
     NeuralInterpreterForSetRegression(config).save_pretrained(tmp_path / "pretrain")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with caplog.at_level(logging.INFO):
-        markdown = script.routing_section(
+        markdown = fuzzy_boolean_routing_section(
             tmp_path, {"pretrain": torch.rand(8, 5), "adapt-all": torch.rand(8, 5)}
         )
     assert any("No routing pictures" in r.getMessage() for r in caplog.records)
@@ -281,11 +289,11 @@ def test_a_failed_push_says_how_to_upload_later_after_saving_everything(
         raise ConnectionError("the network is unreachable")
 
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    monkeypatch.setattr(script, "push_folder", unreachable)
+    monkeypatch.setattr(ni_hf.training.publishing, "push_folder", unreachable)
     output_dir = tmp_path / "out"
     with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exit_info:
         script.main(
-            ["--protocol", "quick", "--settings", "cls_tokens", "--output_dir", str(output_dir)]
+            ["--preset", "quick", "--settings", "cls_tokens", "--output_dir", str(output_dir)]
             + ["--disable_tqdm", "true", "--push_to_hub", "--hub_model_id", "me/fuzzy-boolean"]
         )
     assert exit_info.value.code == 1
@@ -308,7 +316,7 @@ def test_pretrained_checkpoint_reloads(quick_run: tuple[dict[str, Any], Path]) -
         predictions = model(inputs=x).predictions
     script = _load_script()
     np.testing.assert_allclose(
-        script.r2_per_function(predictions, y),
+        r2_per_function(predictions, y),
         results["pretraining"]["r2_per_function"],
         rtol=1e-4,
         atol=1e-6,
@@ -343,14 +351,14 @@ def test_adaptation_freezing(quick_run: tuple[dict[str, Any], Path]) -> None:
 def test_protocol_deviations_name_every_change_to_the_papers_protocol(script: ModuleType) -> None:
     def deviations(*args: str) -> list[str]:
         exp, _ = script.parse_args(["--output_dir", "unused", *args])
-        return script.protocol_deviations({"protocol": exp.resolved(), "arguments": vars(exp)})
+        return script.protocol_deviations({"protocol": {}, "arguments": vars(exp)})
 
     assert deviations() == []
     assert deviations("--batch_size", "256", "--adapt_pretrained_learning_rate", "0.006") == [
         "batch_size 256 (paper: 128)",
         "adapt_pretrained_learning_rate 0.006 (paper: not set)",
     ]
-    assert deviations("--protocol", "quick")[:2] == [
+    assert deviations("--preset", "quick")[:2] == [
         "points_per_function 320 (paper: 163840)",
         "batch_size 32 (paper: 128)",
     ]
@@ -366,7 +374,7 @@ def _one_radam_step(
     """One Trainer step with RAdam ``groups``; RAdam's first step is lr x gradient, so every trainable parameter
     must have moved by ``rate_of(name)`` times its gradient. Returns the trainer."""
     x, y = torch.rand(8, 5), torch.rand(8, 3)
-    dataset = script.TensorBatchDataset(x, y)
+    dataset = TensorBatchDataset(x, y)
     args = script.TrainingArguments(
         output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8, max_steps=1,
         lr_scheduler_type="constant", max_grad_norm=0.0, save_strategy="no", remove_unused_columns=False,
@@ -414,7 +422,7 @@ def test_adapt_pretrained_learning_rate_gives_the_pretrained_parameters_their_ow
 
 def test_two_rates_reach_the_adaptation_and_its_results(script: ModuleType, tmp_path: Path) -> None:
     results = script.main(
-        ["--protocol", "quick", "--settings", "type_inference", "--adapt_pretrained_learning_rate", "0.006",
+        ["--preset", "quick", "--settings", "type_inference", "--adapt_pretrained_learning_rate", "0.006",
          "--disable_tqdm", "true", "--output_dir", str(tmp_path)]
     )  # fmt: skip
     assert results["protocol"]["adapt_pretrained_learning_rate"] == 0.006
@@ -434,7 +442,7 @@ def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: Module
 
     This is how the full protocol is run in pieces on a CPU: `--resume_from_checkpoint last` with periodic saves.
     """
-    common = ["--protocol", "quick", "--settings", "none", "--disable_tqdm", "true"]
+    common = ["--preset", "quick", "--settings", "none", "--disable_tqdm", "true"]
     pieces = ["--save_strategy", "steps", "--save_steps", "2", "--resume_from_checkpoint", "last"]
     first = script.main([*common, *pieces, "--output_dir", str(tmp_path / "pieces")])
     assert first["pretraining"]["train_steps"] == 4 and first["pretraining"]["resumed_from"] is None
@@ -459,21 +467,27 @@ def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: Module
 
 
 def test_resume_point(script: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """'last' picks the newest complete checkpoint (one killed while saving has no trainer_state.json and is
-    skipped, with a warning), or none yet; a path is taken as given (check_arguments checked it)."""
+    """'last' picks the newest complete checkpoint (one killed while saving has no trainer_state.json of its step
+    and is skipped, with a warning), or none yet, so that one command starts and continues; a path is checked."""
     assert script.pretraining_resume_point(None, tmp_path) is None
-    assert script.pretraining_resume_point("last", tmp_path / "absent") is None
+    with caplog.at_level(logging.INFO):
+        assert script.pretraining_resume_point("last", tmp_path / "absent") is None
+    assert "pre-training starts from scratch" in caplog.text
     for step in (2, 10, 12):
         (tmp_path / f"checkpoint-{step}").mkdir()
         if step != 12:
-            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(
+                json.dumps({"global_step": step})
+            )
     with caplog.at_level(logging.WARNING):
         assert script.pretraining_resume_point("last", tmp_path) == str(tmp_path / "checkpoint-10")
-    assert f"Skipped {tmp_path / 'checkpoint-12'}: no trainer_state.json" in caplog.text
+    assert f"Skipping {tmp_path / 'checkpoint-12'}: no readable trainer_state.json" in caplog.text
     assert script.pretraining_resume_point("true", tmp_path) == str(tmp_path / "checkpoint-10")
     assert script.pretraining_resume_point(str(tmp_path / "checkpoint-2"), tmp_path) == str(
         tmp_path / "checkpoint-2"
     )
+    with pytest.raises(ValueError, match="checkpoint-12: no trainer_state.json"):
+        script.pretraining_resume_point(str(tmp_path / "checkpoint-12"), tmp_path)
 
 
 # --- several processes ------------------------------------------------------------------------------------
@@ -483,7 +497,7 @@ def test_resume_point(script: ModuleType, tmp_path: Path, caplog: pytest.LogCapt
 def test_two_processes_keep_the_protocol_global_batch_and_write_results_once(tmp_path: Path) -> None:
     """torchrun, 2 CPU ranks: each takes half of the batch (same steps per epoch), R^2 counts each point once."""
     output_dir = tmp_path / "ddp"
-    args = ["--protocol", "quick", "--pretrain_max_steps", "-1", "--settings", "cls_tokens",
+    args = ["--preset", "quick", "--pretrain_max_steps", "-1", "--settings", "cls_tokens",
             "--output_dir", str(output_dir)]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf_home")}
     command = torchrun_command(SCRIPT, "--use_cpu", "true", "--disable_tqdm", "true", *args)
@@ -505,7 +519,7 @@ def test_two_processes_keep_the_protocol_global_batch_and_write_results_once(tmp
     with torch.no_grad():
         predictions = model(inputs=x).predictions
     np.testing.assert_allclose(
-        _load_script().r2_per_function(predictions, y),
+        r2_per_function(predictions, y),
         results["pretraining"]["r2_per_function"],
         rtol=1e-4,
         atol=1e-6,
@@ -513,10 +527,11 @@ def test_two_processes_keep_the_protocol_global_batch_and_write_results_once(tmp
     assert results["adaptation"]["cls_tokens"]["train_steps"] == 2
 
 
-# --- every argument checked before any work (issue 57, item 10) -------------------------------------------
+# --- every argument checked before any work -----------------------------------------------------------------
 
 NO_SUCH = "/nonexistent/fuzzy_boolean"
 BAD_ARGUMENTS = [
+    (["--preset", "fast"], "--preset 'fast': expected one of \\['full', 'reduced', 'quick'\\]"),
     (
         ["--learning_rate", "0.1"],
         "--learning_rate 0.1: the protocol sets it for each phase; use --pretrain_learning_rate",
@@ -539,12 +554,21 @@ BAD_ARGUMENTS = [
     (["--num_adapt_functions", "0"], "--num_adapt_functions must be at least 1"),
     (["--dataset_seed", "-1"], "--dataset_seed must be >= 0"),
     (["--adapt_dataset_seed", "-3"], "--adapt_dataset_seed must be >= 0"),
+    (["--seed", "-1"], "--seed must be between 0 and 2\\*\\*32 - 1"),
+    (["--dataloader_num_workers", "-1"], "--dataloader_num_workers must be at least 0, got -1"),
+    (["--logging_steps", "-5"], "--logging_steps must be a positive number, got -5"),
+    (["--save_strategy", "steps", "--save_steps", "0"], "--save_steps must be a positive number, got 0"),
+    (["--adam_beta2", "1.5"], "--adam_beta2 must lie in \\[0, 1\\), got 1.5"),
     (["--test_fraction", "1.0"], "--test_fraction must lie strictly between 0 and 1"),
     (["--test_fraction", "0"], "--test_fraction must lie strictly between 0 and 1"),
     (["--pretrain_max_steps", "0"], "--pretrain_max_steps must be -1 .* or at least 1, got 0"),
     (["--adapt_max_steps", "-2"], "--adapt_max_steps must be -1 .* or at least 1, got -2"),
-    (["--pretrain_max_steps", "-1", "--pretrain_epochs", "0"], "--pretrain_epochs must be positive"),
-    (["--adapt_max_steps", "-1", "--adapt_epochs", "nan"], "--adapt_epochs must be positive"),
+    (["--pretrain_max_steps", "-1", "--pretrain_epochs", "0"], "--pretrain_epochs must be a positive number"),
+    (["--pretrain_epochs", "-1"], "--pretrain_epochs must be a positive number, got -1.0"),
+    (
+        ["--adapt_max_steps", "-1", "--adapt_epochs", "nan"],
+        "--adapt_epochs must be a positive number, got nan",
+    ),
     (["--pretrain_learning_rate", "0"], "--pretrain_learning_rate must be a positive number, got 0.0"),
     (["--adapt_learning_rate", "-0.05"], "--adapt_learning_rate must be a positive number, got -0.05"),
     (["--adapt_learning_rate", "inf"], "--adapt_learning_rate must be a positive number, got inf"),
@@ -562,7 +586,7 @@ BAD_ARGUMENTS = [
     (["--pretrained_model", f"{NO_SUCH}/pretrain"], "--pretrained_model .*: no such directory"),
     (
         ["--resume_from_checkpoint", f"{NO_SUCH}/checkpoint-7"],
-        "--resume_from_checkpoint .*checkpoint-7: not a complete checkpoint",
+        "--resume_from_checkpoint .*checkpoint-7: no such folder",
     ),
     (
         ["--torch_compile_backend", "inductr"],
@@ -575,6 +599,11 @@ BAD_ARGUMENTS = [
     (
         ["--points_per_function", "1000000000000"],
         "--points_per_function 1000000000000 with .* need at least .* GiB for the data",
+    ),
+    (
+        ["--num_adapt_functions", "100000"],
+        "--num_adapt_functions 100000 \\(sets of up to 100005 tokens\\) need at least 149.0 GiB for one sample's "
+        "attention weights .*; cpu has 64.0 GiB",
     ),
 ]
 
@@ -589,98 +618,148 @@ def no_work(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(script, "make_fuzzy_boolean_tensors", started)
 
 
+def refusal(script: ModuleType, argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    """Run the script on ``argv``; it must exit with status 2 (a bad argument); return its stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("extra", "match"), BAD_ARGUMENTS, ids=[" ".join(a) for a, _ in BAD_ARGUMENTS])
 def test_a_bad_argument_is_refused_before_any_work_naming_the_option(
-    script: ModuleType, tmp_path: Path, no_work: None, extra: list[str], match: str
+    script: ModuleType,
+    tmp_path: Path,
+    no_work: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    extra: list[str],
+    match: str,
 ) -> None:
+    """Exit status 2 and a message on stderr that names the flag; nothing written (the machine has 64 GiB)."""
+    monkeypatch.setattr(ni_hf.training.run_setup, "total_memory", lambda device: 64 * 2**30)
     output_dir = tmp_path / "out"
-    with pytest.raises(ValueError, match=match):
-        script.main(["--protocol", "quick", "--output_dir", str(output_dir), *extra])
+    err = refusal(script, ["--preset", "quick", "--output_dir", str(output_dir), *extra], capsys)
+    assert "run_fuzzy_boolean.py: error: " in err and re.search(match, err), err
     assert not output_dir.exists()
 
 
-def test_an_unknown_protocol_is_refused_by_the_parser(
-    script: ModuleType, capsys: pytest.CaptureFixture
-) -> None:
-    with pytest.raises(SystemExit):
-        script.parse_args(["--protocol", "fast"])
-    assert "--protocol" in capsys.readouterr().err
-
-
 def test_a_batch_that_does_not_fit_the_device_is_refused(
-    script: ModuleType, tmp_path: Path, no_work: None, monkeypatch: pytest.MonkeyPatch
+    script: ModuleType,
+    tmp_path: Path,
+    no_work: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     """The set of one batch (5 + functions tokens of width 128) must fit: 10**6 new functions at batch 32 need
     about 32 GiB; on a device of 8 GiB that is refused, with the numbers."""
-    exp, _ = script.parse_args(["--protocol", "quick", "--num_adapt_functions", "1000000"])
-    needed = script.memory_needed(exp, exp.resolved(), eval_batch=1024)
+    exp, _ = script.parse_args(["--preset", "quick", "--num_adapt_functions", "1000000"])
+    needed = script.memory_needed(exp, eval_batch=1024)
     assert (
         needed["model"] == 4 * 4 * 10**6 * 128 + 4 * 64 * (5 + 10**6) * 128
     )  # the 64 test points are one batch
-    monkeypatch.setattr(script, "total_memory", lambda device: 8 * 2**30)
-    with pytest.raises(
-        ValueError,
-        match=r"--batch_size 32 .* --num_adapt_functions 1000000 need at least 32.\d GiB for one batch; cpu has 8.0 GiB",
-    ):
-        script.main(
-            ["--protocol", "quick", "--num_adapt_functions", "1000000", "--output_dir", str(tmp_path / "o")]
-        )
+    assert needed["attention"] == 4 * 4 * 1 * (5 + 10**6) ** 2  # Eq. 6: 4 functions, 1 head, N^2 pairs
+    monkeypatch.setattr(ni_hf.training.run_setup, "total_memory", lambda device: 8 * 2**30)
+    argv = ["--preset", "quick", "--num_adapt_functions", "1000000", "--output_dir", str(tmp_path / "o")]
+    assert re.search(
+        r"--batch_size 32 .* --num_adapt_functions 1000000 need at least 32.\d GiB for one batch; cpu has 8.0 GiB",
+        refusal(script, argv, capsys),
+    )
 
 
 def test_a_global_batch_that_the_processes_cannot_share_is_refused(
-    script: ModuleType, tmp_path: Path, no_work: None, monkeypatch: pytest.MonkeyPatch
+    script: ModuleType,
+    tmp_path: Path,
+    no_work: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     monkeypatch.setattr(script.FuzzyBooleanTrainingArguments, "world_size", property(lambda self: 2))
-    with pytest.raises(ValueError, match="--batch_size 31 is the global batch; .* processes \\(2\\)"):
-        script.main(["--protocol", "quick", "--batch_size", "31", "--output_dir", str(tmp_path / "o")])
+    argv = ["--preset", "quick", "--batch_size", "31", "--output_dir", str(tmp_path / "o")]
+    assert re.search(
+        "--batch_size 31 is the global batch; .* processes \\(2\\)", refusal(script, argv, capsys)
+    )
 
 
 def test_a_pretrained_model_of_other_functions_is_refused(
-    script: ModuleType, quick_run: tuple[dict[str, Any], Path], tmp_path: Path, no_work: None
+    script: ModuleType,
+    quick_run: tuple[dict[str, Any], Path],
+    tmp_path: Path,
+    no_work: None,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     pretrained = str(quick_run[1] / "pretrain")
-    with pytest.raises(ValueError, match="regresses 20 functions; pass --num_pretrain_functions 20"):
-        script.main(["--protocol", "quick", "--pretrained_model", pretrained, "--num_pretrain_functions", "5",
-                     "--output_dir", str(tmp_path / "o")])  # fmt: skip
-    with pytest.raises(ValueError, match="--pretrained_model skips it: drop one"):
-        script.main(["--protocol", "quick", "--pretrained_model", pretrained, "--resume_from_checkpoint", "last",
-                     "--output_dir", str(tmp_path / "o")])  # fmt: skip
+    common = ["--preset", "quick", "--pretrained_model", pretrained, "--output_dir", str(tmp_path / "o")]
+    err = refusal(script, [*common, "--num_pretrain_functions", "5"], capsys)
+    assert "regresses 20 functions; pass --num_pretrain_functions 20" in err
+    err = refusal(script, [*common, "--resume_from_checkpoint", "last"], capsys)
+    assert "--pretrained_model skips it: drop one" in err
 
 
-def test_an_incomplete_checkpoint_is_refused(script: ModuleType, tmp_path: Path, no_work: None) -> None:
+def test_a_digits_checkpoint_is_refused_as_the_pretrained_model_naming_its_config(
+    script: ModuleType, tester, tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture
+) -> None:
+    digits = tmp_path / "digits"
+    NeuralInterpreterForImageClassification(tester.get_config()).save_pretrained(digits)
+    err = refusal(script, ["--preset", "quick", "--pretrained_model", str(digits)], capsys)
+    assert (
+        f"--pretrained_model {digits}: its config.json describes a NeuralInterpreterForImageClassification"
+        in err
+    )
+    assert "expected the NeuralInterpreterForSetRegression" in err and "--num_pretrain_functions" not in err
+
+
+def test_weights_that_do_not_fit_the_pretrained_model_are_refused_naming_the_file(
+    script: ModuleType,
+    quick_run: tuple[dict[str, Any], Path],
+    tester,
+    tmp_path: Path,
+    no_work: None,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """A fuzzy-Boolean folder whose model.safetensors is a digits classifier's: refused, naming the file and the
+    flag that would load it anyway."""
+    folder = tmp_path / "pretrain"
+    shutil.copytree(quick_run[1] / "pretrain", folder)
+    digits = tmp_path / "digits"
+    NeuralInterpreterForImageClassification(tester.get_config()).save_pretrained(digits)
+    shutil.copyfile(digits / "model.safetensors", folder / "model.safetensors")
+    err = refusal(script, ["--preset", "quick", "--pretrained_model", str(folder)], capsys)
+    assert f"{folder / 'model.safetensors'} does not fit NeuralInterpreterForSetRegression" in err
+    assert "--allow_mismatched_weights" in err
+    with pytest.raises(AssertionError, match="the run started its work"):  # the flag lets the run go on
+        script.main(
+            ["--preset", "quick", "--pretrained_model", str(folder), "--allow_mismatched_weights", "true"]
+            + ["--output_dir", str(tmp_path / "o")]
+        )
+
+
+def test_an_incomplete_checkpoint_is_refused(
+    script: ModuleType, tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture
+) -> None:
     checkpoint = tmp_path / "checkpoint-8"
     checkpoint.mkdir()  # weights may be there, but trainer_state.json (written last) is not
-    with pytest.raises(
-        ValueError, match="--resume_from_checkpoint .*checkpoint-8: not a complete checkpoint"
-    ):
-        script.main(
-            [
-                "--protocol",
-                "quick",
-                "--resume_from_checkpoint",
-                str(checkpoint),
-                "--output_dir",
-                str(tmp_path / "o"),
-            ]
-        )
+    argv = [
+        "--preset",
+        "quick",
+        "--resume_from_checkpoint",
+        str(checkpoint),
+        "--output_dir",
+        str(tmp_path / "o"),
+    ]
+    assert re.search(
+        "--resume_from_checkpoint .*checkpoint-8: no trainer_state.json, so not a finished checkpoint",
+        refusal(script, argv, capsys),
+    )
 
 
 def test_a_model_card_template_that_does_not_parse_is_refused(
-    script: ModuleType, tmp_path: Path, no_work: None
+    script: ModuleType, tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture
 ) -> None:
     template = tmp_path / "card.md"
     template.write_text("# {{ model_name }\n")
-    with pytest.raises(ValueError, match=r"--model_card_template .*card.md: .*\(line 1\)"):
-        script.main(
-            [
-                "--protocol",
-                "quick",
-                "--model_card_template",
-                str(template),
-                "--output_dir",
-                str(tmp_path / "o"),
-            ]
-        )
+    argv = ["--preset", "quick", "--model_card_template", str(template), "--output_dir", str(tmp_path / "o")]
+    assert re.search(r"--model_card_template .*card.md: .*\(line 1\)", refusal(script, argv, capsys))
 
 
 @pytest.mark.parametrize(
@@ -696,6 +775,7 @@ def test_a_push_that_cannot_work_is_refused_before_any_work(
     tmp_path: Path,
     no_work: None,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
     offline: bool,
     token: str | None,
     repo_id: str,
@@ -705,8 +785,8 @@ def test_a_push_that_cannot_work_is_refused_before_any_work(
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
-    args = [
-        "--protocol",
+    argv = [
+        "--preset",
         "quick",
         "--push_to_hub",
         "--hub_model_id",
@@ -714,5 +794,4 @@ def test_a_push_that_cannot_work_is_refused_before_any_work(
         "--output_dir",
         str(tmp_path / "o"),
     ]
-    with pytest.raises(ValueError, match=match):
-        script.main(args)
+    assert match in refusal(script, argv, capsys)

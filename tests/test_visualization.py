@@ -939,3 +939,351 @@ def test_a_backbone_counts_any_class_the_caller_labels(tester):
     assert usage.class_names[-1] == "12" and usage.class_tokens[12] == 2 * usage.class_tokens[0] > 0
     with pytest.raises(ValueError, match="`labels` are needed"):
         vis.FunctionUsage.from_trace(trace)
+
+
+# ---------------------------------------------------------------------------------------------- PGM puzzles
+
+# Meta-target bits of the 3 test puzzles (columns in ni_hf.data.pgm.META_TARGET_NAMES' order): progression in
+# puzzles 0 and 2, XOR in 1, AND in 2; OR and consistent_union in none.
+PGM_META_TARGETS = np.zeros((3, 12), dtype=np.int64)
+PGM_META_TARGETS[0, [0, 2, 7]] = 1  # shape, color, progression
+PGM_META_TARGETS[1, [1, 8]] = 1  # line, XOR
+PGM_META_TARGETS[2, [0, 5, 7, 10]] = 1  # shape, size, progression, AND
+
+
+@pytest.fixture
+def pgm(tester, model, pixels, set_model, set_inputs, vits, tmp_path):
+    """A tiny multiple-choice model (2 scripts of 2 and 1 function iterations, 3 functions, 2 heads, 2 LOCs) and 3
+    puzzles of 16 x 16 panels with their correct candidates; the image and set models for what they refuse."""
+    config = tester.get_pgm_config()
+    inputs = tester.prepare_pgm_inputs(config)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    return SimpleNamespace(
+        model=ni_hf.NeuralInterpreterForMultipleChoice(config).eval(),
+        pixels=inputs["pixel_values"],
+        labels=inputs["labels"],
+        image_model=model,
+        image_pixels=pixels,
+        set_model=set_model,
+        set_inputs=set_inputs,
+        vits=vits,
+        tmp=tmp_path,
+        a_file=a_file,
+    )
+
+
+def pgm_trace(pgm, **options):
+    return vis.trace_routing(
+        pgm.model, pgm.pixels, labels=pgm.labels, meta_targets=PGM_META_TARGETS, **options
+    )
+
+
+def test_pgm_trace_holds_the_set_of_the_chosen_candidate_and_of_the_correct_one(pgm):
+    trace = pgm_trace(pgm, output_attentions=True)
+    with torch.no_grad():
+        out = pgm.model(pixel_values=pgm.pixels, output_routing=True, output_attentions=True)
+    chosen = out.logits.argmax(-1).numpy()
+    rows = np.arange(3) * 8 + chosen  # candidate k of puzzle b is the set at row b * 8 + k
+    correct_rows = np.arange(3) * 8 + pgm.labels.numpy()
+    assert trace.is_multiple_choice and not trace.is_set and trace.grid is None and trace.images is None
+    assert trace.compatibilities.shape == (3, 3, 3, 10)  # (K, B, U, N): CLS, 8 context panels, the candidate
+    assert trace.types.shape == (3, 3, 10, 6) and trace.correct_compatibilities.shape == (3, 3, 3, 10)
+    assert trace.attentions.shape == (3, 2, 3, 3, 2, 10, 10)  # (K, L, B, U, H, N, N)
+    assert trace.steps == [(0, 0), (0, 1), (1, 0)]
+    np.testing.assert_array_equal(trace.predictions, chosen)
+    np.testing.assert_array_equal(trace.logits, out.logits.numpy())
+    np.testing.assert_array_equal(trace.labels, pgm.labels.numpy())
+    np.testing.assert_array_equal(trace.meta_targets, PGM_META_TARGETS)
+    for k in range(3):
+        np.testing.assert_array_equal(trace.compatibilities[k], out.compatibilities[k][rows].numpy())
+        np.testing.assert_array_equal(trace.types[k], out.types[k][rows].numpy())
+        np.testing.assert_array_equal(
+            trace.correct_compatibilities[k], out.compatibilities[k][correct_rows].numpy()
+        )
+        np.testing.assert_array_equal(trace.correct_types[k], out.types[k][correct_rows].numpy())
+        for loc in range(2):
+            np.testing.assert_array_equal(trace.attentions[k, loc], out.attentions[2 * k + loc][rows].numpy())
+    # the candidates' sets differ, so the rows above are told apart
+    assert not np.array_equal(out.compatibilities[0][rows].numpy(), out.compatibilities[0][rows ^ 1].numpy())
+    context = [f"context {i}" for i in range(1, 9)]
+    assert trace.token_names == [["CLS", *context, f"candidate {k + 1}"] for k in chosen]
+    assert trace.class_names == [f"candidate {k}" for k in range(1, 9)]
+    assert trace.panels.shape == (3, 16, 16, 16) and trace.panels.min() == 0.0 and trace.panels.max() == 1.0
+    data = vis.computational_path_data(trace, 2)
+    c = trace.compatibilities[:, 2]
+    assert data["matrix"].shape == (3, 3, 3, 3)  # (K, U, 3, 3): context panels row-major, the candidate last
+    assert data["matrix"][1, 2, 0, 1] == c[1, 2, 2] and data["matrix"][0, 1, 2, 2] == c[0, 1, 9]
+    assert data["prediction"] == chosen[2] and data["label"] == 2
+    np.testing.assert_array_equal(data["correct_tokens"], trace.correct_compatibilities[:, 2])
+    without_labels = vis.trace_routing(pgm.model, pgm.pixels)
+    assert without_labels.labels is None and without_labels.correct_compatibilities is None
+    # without attentions the model takes another Eq. 6 kernel: the same numbers up to rounding
+    np.testing.assert_allclose(without_labels.compatibilities, trace.compatibilities, atol=1e-6)
+
+
+def test_pgm_trace_follows_function_iterations_and_disabled_functions(pgm):
+    trace = pgm_trace(pgm, num_function_iterations=[1, 1], disabled_functions=[1])
+    assert trace.steps == [(0, 0), (1, 0)] and trace.disabled_functions == [1]
+    np.testing.assert_array_equal(trace.compatibilities[:, :, 1], 0.0)
+    with torch.no_grad():
+        out = pgm.model(pixel_values=pgm.pixels, num_function_iterations=[1, 1], disabled_functions=[1])
+    np.testing.assert_array_equal(trace.logits, out.logits.numpy())
+    assert not np.array_equal(trace.logits, pgm_trace(pgm).logits)
+
+
+def test_pgm_trace_of_a_checkpoints_copied_class(pgm, tmp_path, monkeypatch):
+    """The class a checkpoint's code defines (what trust_remote_code loads) is traced by its name."""
+    path = tmp_path / "ckpt_code"
+    pgm.model.save_pretrained(path)
+    (path / "__init__.py").write_text("")
+    spec = importlib.util.spec_from_file_location(
+        "ckpt_code", path / "__init__.py", submodule_search_locations=[str(path)]
+    )
+    package = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "ckpt_code", package)
+    spec.loader.exec_module(package)
+    modeling = importlib.import_module("ckpt_code.modeling_neural_interpreter")
+    monkeypatch.setitem(sys.modules, "ckpt_code.modeling_neural_interpreter", modeling)
+    copied = modeling.NeuralInterpreterForMultipleChoice.from_pretrained(path).eval()
+    assert type(copied) is not ni_hf.NeuralInterpreterForMultipleChoice
+    trace = vis.trace_routing(copied, pgm.pixels, labels=pgm.labels)
+    expected = vis.trace_routing(pgm.model, pgm.pixels, labels=pgm.labels)
+    np.testing.assert_allclose(trace.compatibilities, expected.compatibilities, atol=1e-6)
+    assert trace.token_names == expected.token_names
+
+
+def test_a_pgm_model_with_nan_parameters_gives_no_trace(pgm):
+    with torch.no_grad():
+        pgm.model.panel_embedding.projection.weight.fill_(float("nan"))
+    pgm.model.checks_finite = False
+    with pytest.raises(FloatingPointError, match="`model` produced NaN or infinite"):
+        pgm_trace(pgm)
+
+
+def test_pgm_usage_is_mean_C_per_iteration_token_and_relation_type(pgm):
+    trace = pgm_trace(pgm)
+    usage = vis.FunctionUsage.from_trace(trace)
+    c = trace.compatibilities.astype(np.float64)  # (K, B, U, N)
+    np.testing.assert_allclose(usage.by_iteration, c.mean(axis=(1, 3)))
+    np.testing.assert_allclose(usage.by_position_iteration, c.mean(axis=1).transpose(0, 2, 1))  # (K, N, U)
+    np.testing.assert_allclose(usage.by_position, c.mean(axis=(0, 1)).T)
+    relations = ["progression", "XOR", "OR", "AND", "consistent_union"]
+    assert usage.class_names == relations and usage.class_source == "meta_targets"
+    np.testing.assert_allclose(usage.by_class[0], c[:, [0, 2]].mean(axis=(0, 1, 3)))  # progression: 0 and 2
+    np.testing.assert_allclose(usage.by_class[3], c[:, [2]].mean(axis=(0, 1, 3)))  # AND: puzzle 2
+    assert np.isnan(usage.by_class[2]).all()  # no puzzle with OR
+    names = [line.split("|")[1].strip() for line in usage.to_markdown().splitlines()[2:]]
+    tokens = ["token CLS", *[f"token context {i}" for i in range(1, 9)], "token candidate"]
+    iterations = ["script 1, iteration 1", "script 1, iteration 2", "script 2, iteration 1"]
+    assert names == [*iterations, "task pgm", *tokens, "relation progression", "relation XOR", "relation AND"]
+    data = json.loads(json.dumps(usage.to_dict()))
+    assert data["positions"][-1] == "candidate" and len(data["by_position_iteration"]) == 3
+    halves = vis.FunctionUsage.from_trace(
+        vis.trace_routing(pgm.model, pgm.pixels[:1], labels=pgm.labels[:1], meta_targets=PGM_META_TARGETS[:1])
+    ) + vis.FunctionUsage.from_trace(
+        vis.trace_routing(pgm.model, pgm.pixels[1:], labels=pgm.labels[1:], meta_targets=PGM_META_TARGETS[1:])
+    )
+    for name in ("by_iteration", "by_position_iteration", "by_class"):
+        np.testing.assert_allclose(getattr(halves, name), getattr(usage, name), atol=1e-6)
+    plain = vis.FunctionUsage.from_trace(vis.trace_routing(pgm.model, pgm.pixels))
+    assert plain.class_names == [] and plain.class_source == "none"
+    np.testing.assert_allclose(plain.by_position, usage.by_position)
+
+
+@needs_matplotlib
+def test_pgm_path_and_usage_figures_render_deterministically(pgm):
+    trace = pgm_trace(pgm)
+    first = png_of(vis.plot_computational_path(trace, 1))
+    assert_drawn(first, (500, 350))
+    assert png_of(vis.plot_computational_path(pgm_trace(pgm), 1)) == first
+    without_labels = png_of(vis.plot_computational_path(vis.trace_routing(pgm.model, pgm.pixels), 1))
+    assert_drawn(without_labels)
+    assert without_labels != first  # the correct candidate is marked only when the labels are known
+    assert_drawn(png_of(vis.plot_function_usage(vis.FunctionUsage.from_trace(trace))))
+
+
+@needs_matplotlib
+def test_pgm_card_assets_are_pngs_and_the_usage_table(pgm):
+    result = vis.write_pgm_routing_card_assets(
+        pgm.model,
+        pgm.pixels,
+        pgm.labels,
+        pgm.tmp / "card",
+        meta_targets=PGM_META_TARGETS,
+        index=1,
+        stem="pgm",
+    )
+    path_png, usage_png, usage_json = (Path(f) for f in result["files"])
+    assert [f.name for f in (path_png, usage_png, usage_json)] == [
+        "pgm_path.png",
+        "pgm_usage.png",
+        "pgm_usage.json",
+    ]
+    for png in (path_png, usage_png):
+        assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+        assert_drawn(png.read_bytes())
+    trace = pgm_trace(pgm)
+    usage = vis.FunctionUsage.from_trace(trace)
+    assert json.loads(usage_json.read_text()) == usage.to_dict() == result["usage"]
+    assert path_png.read_bytes() == png_of(vis.plot_computational_path(trace, 1))
+    markdown = result["markdown"]
+    assert markdown.startswith("## Routing")
+    assert (
+        "![Computational path of one test puzzle](pgm_path.png)" in markdown and "(pgm_usage.png)" in markdown
+    )
+    assert f"the model chose candidate {int(trace.predictions[1]) + 1}" in markdown
+    assert usage.to_markdown() in markdown and "relation type" in markdown
+    solved = int((trace.predictions == trace.labels).sum())
+    assert f"the model solves {solved} of them" in markdown
+
+
+PGM_BAD_CALLS = {
+    "too few panels": (
+        lambda p: vis.trace_routing(p.model, p.pixels[:, :15]),
+        ValueError,
+        "`pixel_values` must be PGM puzzles (batch, 16, 1, 16, 16): the 8 context panels of the incomplete "
+        "matrix, then the 8 candidates",
+    ),
+    "panels of the wrong size": (
+        lambda p: vis.trace_routing(p.model, torch.randn(3, 16, 1, 8, 8)),
+        ValueError,
+        "got shape (3, 16, 1, 8, 8)",
+    ),
+    "images for a PGM model": (
+        lambda p: vis.trace_routing(p.model, p.image_pixels),
+        ValueError,
+        "`pixel_values` must be PGM puzzles",
+    ),
+    "integer panels": (
+        lambda p: vis.trace_routing(p.model, torch.zeros(3, 16, 1, 16, 16, dtype=torch.uint8)),
+        ValueError,
+        "`pixel_values` must be floating-point",
+    ),
+    "task ids for a PGM model": (
+        lambda p: vis.trace_routing(p.model, p.pixels, [0, 0, 0]),
+        ValueError,
+        "A multiple-choice model takes no task_ids",
+    ),
+    "a label past the candidates": (
+        lambda p: vis.trace_routing(p.model, p.pixels, labels=[0, 8, 1]),
+        ValueError,
+        "`labels` must be the correct candidate of each puzzle, ints in 0..7, got [8]",
+    ),
+    "a label of -100": (
+        lambda p: vis.trace_routing(p.model, p.pixels, labels=torch.tensor([0, -100, 1])),
+        ValueError,
+        "`labels` must be the correct candidate of each puzzle, ints in 0..7, got [-100]",
+    ),
+    "too few labels": (
+        lambda p: vis.trace_routing(p.model, p.pixels, labels=[0, 1]),
+        ValueError,
+        "one per puzzle: shape (3,), got shape (2,)",
+    ),
+    "float labels": (
+        lambda p: vis.trace_routing(p.model, p.pixels, labels=[0.0, 1.0, 2.0]),
+        ValueError,
+        "`labels` must be the correct candidate of each puzzle",
+    ),
+    "meta targets of 11 bits": (
+        lambda p: vis.trace_routing(p.model, p.pixels, meta_targets=PGM_META_TARGETS[:, :11]),
+        ValueError,
+        "`meta_targets` must be bits (0 or 1) of shape (3, 12)",
+    ),
+    "meta targets that are no bits": (
+        lambda p: vis.trace_routing(p.model, p.pixels, meta_targets=PGM_META_TARGETS * 2),
+        ValueError,
+        "got the values [2]",
+    ),
+    "float meta targets": (
+        lambda p: vis.trace_routing(p.model, p.pixels, meta_targets=PGM_META_TARGETS.astype(np.float32)),
+        ValueError,
+        "`meta_targets` must be bits",
+    ),
+    "labels for an image model": (
+        lambda p: vis.trace_routing(p.image_model, p.image_pixels, labels=[0] * 5),
+        ValueError,
+        "`labels` is for the multiple-choice (PGM) model",
+    ),
+    "meta targets for a set model": (
+        lambda p: vis.trace_routing(
+            p.set_model, inputs=p.set_inputs, meta_targets=np.zeros((6, 12), np.int64)
+        ),
+        ValueError,
+        "`meta_targets` is for the multiple-choice (PGM) model",
+    ),
+    "classes for a PGM usage": (
+        lambda p: vis.FunctionUsage.from_trace(pgm_trace(p), [0, 1, 2]),
+        ValueError,
+        "A PGM trace is split by relation type",
+    ),
+    "a PGM usage added to an image usage": (
+        lambda p: (
+            vis.FunctionUsage.from_trace(pgm_trace(p))
+            + vis.FunctionUsage.from_trace(vis.trace_routing(p.image_model, p.image_pixels))
+        ),
+        ValueError,
+        "Only usages of the same model",
+    ),
+    "usages with and without meta targets": (
+        lambda p: (
+            vis.FunctionUsage.from_trace(pgm_trace(p))
+            + vis.FunctionUsage.from_trace(vis.trace_routing(p.model, p.pixels))
+        ),
+        ValueError,
+        "Usages counted by meta_targets and by none do not add up",
+    ),
+    "a puzzle index past the trace": (
+        lambda p: vis.plot_computational_path(pgm_trace(p), 3),
+        ValueError,
+        "`index` must be a sample index of the trace in 0..2, got 3",
+    ),
+    "an attention map of a puzzle": (
+        lambda p: vis.attention_data(pgm_trace(p, output_attentions=True)),
+        ValueError,
+        "The attention map is drawn on a patch grid",
+    ),
+    "a set path of a puzzle": (
+        lambda p: vis.plot_set_path(pgm_trace(p)),
+        ValueError,
+        "plot_set_path draws a set input",
+    ),
+    "a PGM card for an image model": (
+        lambda p: vis.write_pgm_routing_card_assets(p.image_model, p.image_pixels, None, p.tmp / "card"),
+        TypeError,
+        "`model` must be a NeuralInterpreterForMultipleChoice (PGM puzzles), got "
+        "NeuralInterpreterForImageClassification",
+    ),
+    "a PGM card for a ViT": (
+        lambda p: vis.write_pgm_routing_card_assets(p.vits.multitask, p.image_pixels, None, p.tmp / "card"),
+        TypeError,
+        "`model` must be a Neural Interpreter",
+    ),
+    "a PGM card's puzzle index past the batch": (
+        lambda p: vis.write_pgm_routing_card_assets(p.model, p.pixels, p.labels, p.tmp / "card", index=3),
+        ValueError,
+        "`index` must be a puzzle index of the batch in 0..2, got 3",
+    ),
+    "a PGM card's label past the candidates": (
+        lambda p: vis.write_pgm_routing_card_assets(p.model, p.pixels, [0, 1, 9], p.tmp / "card"),
+        ValueError,
+        "got [9]",
+    ),
+    "a PGM card's stem with a folder": (
+        lambda p: vis.write_pgm_routing_card_assets(p.model, p.pixels, p.labels, p.tmp / "card", stem="a/b"),
+        ValueError,
+        "`stem` must be a file name prefix",
+    ),
+    "a PGM card folder that is a file": (
+        lambda p: vis.write_pgm_routing_card_assets(p.model, p.pixels, p.labels, p.a_file),
+        ValueError,
+        "`output_dir` must be a folder",
+    ),
+}
+
+
+@pytest.mark.parametrize("call, error, message", list(PGM_BAD_CALLS.values()), ids=list(PGM_BAD_CALLS))
+def test_bad_pgm_arguments_are_refused_with_an_error_that_names_them(pgm, call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call(pgm)
+    assert not (pgm.tmp / "card").exists()  # a refused card writes nothing

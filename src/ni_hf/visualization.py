@@ -6,7 +6,10 @@ function iteration, the compatibilities C (Eq. 4), the types t (Eq. 2) and Eq. 6
 them with matplotlib (the `vis` extra: `pip install -e ".[vis]"`), imported only when a figure is drawn, on
 `matplotlib.figure.Figure` objects (no pyplot state, so they render headless). Tokens are the task (CLS) tokens
 first, one per task, then the patches in row-major order over the grid, or the set's elements (the input variables
-of a `NeuralInterpreterForSetRegression`, traced with `trace_routing(model, inputs=...)`) in their order.
+of a `NeuralInterpreterForSetRegression`, traced with `trace_routing(model, inputs=...)`) in their order. A
+`NeuralInterpreterForMultipleChoice` scores each candidate of a PGM puzzle on its own set (CLS, the context panels in
+the matrix's row-major order, the candidate); its trace keeps the set of the candidate it chooses, and, given the
+labels, that of the correct one.
 Inputs may be torch tensors or numpy arrays; an argument that cannot be drawn raises a TypeError or ValueError that
 names it and what was expected.
 """
@@ -18,7 +21,7 @@ import math
 import numbers
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +56,13 @@ class RoutingTrace:
     disabled_functions: list[int]
     set_inputs: np.ndarray | None = None  # (B, N_in): the variables of a set-regression model
     regression: np.ndarray | None = None  # (B, T): a set-regression model's prediction for every task
+    # A multiple-choice (PGM) trace: compatibilities, types and attentions are those of each puzzle's chosen candidate.
+    panels: np.ndarray | None = None  # (B, context + choices, S, S) in [0, 1], for display
+    labels: np.ndarray | None = None  # (B,): the correct candidate of each puzzle, when given
+    meta_targets: np.ndarray | None = None  # (B, 12): each puzzle's meta-target bits, when given
+    correct_compatibilities: np.ndarray | None = None  # (K, B, U, N): C of the correct candidate's set
+    correct_types: np.ndarray | None = None  # (K, B, N, d_type): its types
+    token_names: list[list[str]] | None = None  # per puzzle: "CLS", "context 1", ..., "candidate k" (from 1)
 
     @property
     def num_functions(self) -> int:
@@ -62,6 +72,11 @@ class RoutingTrace:
     def is_set(self) -> bool:
         """A set input (set regression): every sample is read by the CLS token of every task."""
         return self.set_inputs is not None
+
+    @property
+    def is_multiple_choice(self) -> bool:
+        """PGM puzzles: each sample's tokens are the set of the candidate the model chose."""
+        return self.panels is not None
 
     @property
     def predictions(self) -> np.ndarray:
@@ -86,7 +101,15 @@ TRACEABLE_MODELS = (
     "NeuralInterpreterModel",
     "NeuralInterpreterForImageClassification",
     "NeuralInterpreterForSetRegression",
+    "NeuralInterpreterForMultipleChoice",
 )
+MULTIPLE_CHOICE_MODEL = "NeuralInterpreterForMultipleChoice"
+# The relation types of PGM's meta targets (Barrett et al. 2018; the paper's appendix on PGM).
+RELATION_TYPES = ("progression", "XOR", "OR", "AND", "consistent_union")
+
+
+def _mro_names(model: Any) -> set[str]:
+    return {cls.__name__ for cls in type(model).__mro__}
 
 
 def _describe(array: np.ndarray) -> str:
@@ -170,7 +193,7 @@ def _traced_backbone(model: Any) -> torch.nn.Module:
             f"`model` must be {expected}, got {type(model).__name__} (model_type {model_type!r}), which has no "
             "function iterations to trace."
         )
-    if not {cls.__name__ for cls in type(model).__mro__} & set(TRACEABLE_MODELS):
+    if not _mro_names(model) & set(TRACEABLE_MODELS):
         raise TypeError(
             f"`model` must be {expected}, got {type(model).__name__}: trace_routing does not know how to feed "
             "its inputs."
@@ -304,6 +327,58 @@ def _display_images(pixel_values: torch.Tensor, config: Any) -> np.ndarray | Non
     return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x[..., :3]
 
 
+def _display_panels(pixel_values: torch.Tensor) -> np.ndarray:
+    """(B, P, C, S, S) PGM panels -> (B, P, S, S) grey in [0, 1], each puzzle stretched to its own range."""
+    x = pixel_values.detach().float().cpu().mean(dim=2)
+    lo = x.amin(dim=(1, 2, 3), keepdim=True)
+    hi = x.amax(dim=(1, 2, 3), keepdim=True)
+    return ((x - lo) / (hi - lo).clamp_min(1e-8)).numpy()
+
+
+def _candidate_labels(labels: Any, batch_size: int, num_choices: int) -> np.ndarray:
+    """(B,) the correct candidate of each puzzle, in 0..num_choices - 1."""
+    expected = f"the correct candidate of each puzzle, ints in 0..{num_choices - 1}"
+    candidates = _integers("labels", labels, f"{expected} (a list, tuple, numpy array or tensor)")
+    if candidates.ndim != 1 or len(candidates) != batch_size:
+        raise ValueError(
+            f"`labels` must be {expected}, one per puzzle: shape ({batch_size},), got shape {candidates.shape}."
+        )
+    bad = _out_of(candidates, 0, num_choices)
+    if bad:
+        raise ValueError(f"`labels` must be {expected}, got {bad}.")
+    return candidates
+
+
+def _meta_targets(meta_targets: Any, batch_size: int) -> np.ndarray:
+    """(B, 12) meta-target bits of each puzzle, 0 or 1, in DeepMind's order."""
+    from .data.pgm import META_TARGET_NAMES
+
+    expected = (
+        f"bits (0 or 1) of shape ({batch_size}, {len(META_TARGET_NAMES)}): one row per puzzle, columns in "
+        "DeepMind's order (ni_hf.data.pgm.META_TARGET_NAMES)"
+    )
+    if isinstance(meta_targets, torch.Tensor):
+        meta_targets = meta_targets.detach().cpu().numpy()
+    try:
+        array = np.asarray(meta_targets)
+    except ValueError:  # ragged nested lists
+        raise ValueError(f"`meta_targets` must be {expected}, got ragged rows.") from None
+    bits = _integers("meta_targets", array.astype(np.int64) if array.dtype == bool else array, expected)
+    if bits.shape != (batch_size, len(META_TARGET_NAMES)):
+        raise ValueError(f"`meta_targets` must be {expected}, got shape {bits.shape}.")
+    bad = _out_of(bits, 0, 2)
+    if bad:
+        raise ValueError(f"`meta_targets` must be {expected}, got the values {bad}.")
+    return bits
+
+
+def _check_stem(stem: Any) -> None:
+    if not isinstance(stem, str) or not stem or os.sep in stem or "/" in stem:
+        raise ValueError(
+            f"`stem` must be a file name prefix (a non-empty str without a folder), got {stem!r}."
+        )
+
+
 @torch.no_grad()
 def trace_routing(
     model: torch.nn.Module,
@@ -311,19 +386,24 @@ def trace_routing(
     task_ids: torch.Tensor | np.ndarray | Sequence[int] | int | None = None,
     *,
     inputs: torch.Tensor | np.ndarray | None = None,
+    labels: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+    meta_targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]] | None = None,
     num_function_iterations: int | Sequence[int] | None = None,
     disabled_functions: Sequence[int] | None = None,
     output_attentions: bool = False,
 ) -> RoutingTrace:
     """One forward pass in eval mode; keeps C, types, signatures (and W) of every function iteration.
 
-    pixel_values: images or patches of an image model; inputs: (B, N_in) variables of a set-regression model
-    (no task_ids: every sample is read by every task's CLS token). Tensors or numpy arrays; task_ids: one task for
-    the whole batch or one per sample; disabled_functions: the functions switched off in every script.
+    pixel_values: images or patches of an image model, or the (B, 16, 1, S, S) puzzles of the multiple-choice model;
+    inputs: (B, N_in) variables of a set-regression model (no task_ids: every sample is read by every task's CLS
+    token). Tensors or numpy arrays; task_ids: one task for the whole batch or one per sample; disabled_functions:
+    the functions switched off in every script. For the multiple-choice model only: labels, each puzzle's correct
+    candidate (its set is kept too), and meta_targets, each puzzle's 12 meta-target bits (usage per relation type).
     """
     backbone = _traced_backbone(model)
     config = backbone.config
     reads_set = getattr(model, "main_input_name", None) == "inputs"
+    multiple_choice = MULTIPLE_CHOICE_MODEL in _mro_names(model)
     if (pixel_values is None) == (inputs is None):
         raise ValueError("Pass either pixel_values (an image model) or inputs (a set-regression model).")
     if inputs is not None and not reads_set:
@@ -336,12 +416,37 @@ def trace_routing(
         raise ValueError(
             "A set-regression model takes no task_ids: every task's CLS token reads every sample."
         )
+    if multiple_choice and task_ids is not None:
+        raise ValueError(
+            "A multiple-choice model takes no task_ids: one CLS token scores every candidate of a puzzle."
+        )
+    for name, value in (("labels", labels), ("meta_targets", meta_targets)):
+        if value is not None and not multiple_choice:
+            raise ValueError(
+                f"`{name}` is for the multiple-choice (PGM) model; {type(model).__name__} takes its classes in "
+                "FunctionUsage.from_trace(trace, labels)."
+            )
     if reads_set:
         values = _float_tensor("inputs", inputs, "the input variables' values")
         if values.dim() != 2 or values.shape[1] != config.num_input_variables:
             raise ValueError(
                 f"`inputs` must have shape (batch, {config.num_input_variables}), got {tuple(values.shape)}."
             )
+    elif multiple_choice:
+        puzzle = (
+            config.num_context_panels + config.num_choices,
+            config.panel_channels,
+            config.panel_size,
+            config.panel_size,
+        )
+        expected = (
+            f"PGM puzzles (batch, {', '.join(map(str, puzzle))}): the {config.num_context_panels} context panels "
+            f"of the incomplete matrix, then the {config.num_choices} candidates, as "
+            "NeuralInterpreterPanelProcessor gives them"
+        )
+        values = _float_tensor("pixel_values", pixel_values, expected)
+        if tuple(values.shape[1:]) != puzzle:
+            raise ValueError(f"`pixel_values` must be {expected}; got shape {tuple(values.shape)}.")
     else:
         values = _float_tensor(
             "pixel_values",
@@ -357,7 +462,10 @@ def trace_routing(
                 "with NeuralInterpreterImageProcessor."
             )
     batch_size = values.shape[0]
-    tasks = np.zeros(batch_size, dtype=np.int64) if reads_set else _task_ids(task_ids, batch_size, config)
+    individual = reads_set or multiple_choice  # no task ids: every task's CLS token reads every sample
+    tasks = np.zeros(batch_size, dtype=np.int64) if individual else _task_ids(task_ids, batch_size, config)
+    correct = None if labels is None else _candidate_labels(labels, batch_size, config.num_choices)
+    meta = None if meta_targets is None else _meta_targets(meta_targets, batch_size)
     iterations = _function_iterations(num_function_iterations, config)
     disabled = _disabled_functions(disabled_functions, config.num_functions)
     if not isinstance(output_attentions, (bool, np.bool_)):
@@ -374,7 +482,7 @@ def trace_routing(
     try:
         if reads_set:
             out = model(inputs=values.to(device), **kwargs)
-        elif model is backbone:
+        elif model is backbone or multiple_choice:
             out = model(pixel_values=values.to(device), **kwargs)
         else:
             out = model(pixel_values=values.to(device), task_ids=torch.from_numpy(tasks).to(device), **kwargs)
@@ -385,26 +493,42 @@ def trace_routing(
     signatures = [
         F.normalize(script.signatures.detach().float(), dim=-1).cpu().numpy() for script in backbone.scripts
     ]
+    logits = getattr(out, "logits", None)
+    logits = None if logits is None else logits.float().cpu().numpy()
+
+    def numpy_of(per_step: Sequence[torch.Tensor], rows: np.ndarray | None = None) -> np.ndarray:
+        """The outputs of every function iteration stacked; a multiple-choice model's at each puzzle's `rows`."""
+        return np.stack(
+            [(a if rows is None else a[torch.from_numpy(rows)]).float().cpu().numpy() for a in per_step]
+        )
+
+    chosen_rows = correct_rows = None
+    if multiple_choice:
+        # candidate k of puzzle b is the set at row b * num_choices + k
+        offsets = np.arange(batch_size) * config.num_choices
+        chosen_rows = offsets + logits.argmax(-1)
+        correct_rows = None if correct is None else offsets + correct
     num_tokens = out.compatibilities[0].shape[-1]
     num_patches = num_tokens - config.num_task_tokens
-    on_grid = not reads_set and num_patches == config.grid_size**2
+    on_grid = not individual and num_patches == config.grid_size**2
     grid = (config.grid_size, config.grid_size) if on_grid else None
     attentions = None
     if output_attentions:
         per_step = len(out.attentions) // len(steps)
-        attentions = np.stack([a.float().cpu().numpy() for a in out.attentions]).reshape(
-            len(steps), per_step, *out.attentions[0].shape
-        )
+        picked = numpy_of(out.attentions, chosen_rows)
+        attentions = picked.reshape(len(steps), per_step, *picked.shape[1:])
     id2label = getattr(config, "id2label", None) or {}
-    logits = getattr(out, "logits", None)
     regression = out.predictions if reads_set else None
     numbers_out = {
-        "compatibilities": np.stack([c.float().cpu().numpy() for c in out.compatibilities]),
-        "types": np.stack([t.float().cpu().numpy() for t in out.types]),
-        "logits": None if logits is None else logits.float().cpu().numpy(),
+        "compatibilities": numpy_of(out.compatibilities, chosen_rows),
+        "types": numpy_of(out.types, chosen_rows),
+        "logits": logits,
         "predictions": None if regression is None else regression.float().cpu().numpy(),
         "attentions": attentions,
     }
+    if correct_rows is not None:
+        numbers_out["correct_compatibilities"] = numpy_of(out.compatibilities, correct_rows)
+        numbers_out["correct_types"] = numpy_of(out.types, correct_rows)
     # The model checks its own outputs unless its checks are off; a trace never hands NaN on to a figure.
     broken = [name for name, a in numbers_out.items() if a is not None and not np.isfinite(a).all()]
     if broken:
@@ -412,6 +536,12 @@ def trace_routing(
             f"`model` produced NaN or infinite {broken[0]} for finite inputs: its parameters are NaN or inf "
             "(a diverged training run), or the inputs overflow its dtype."
         )
+    class_names = [str(id2label.get(i, i)) for i in range(getattr(config, "num_labels", 0) or 0)]
+    token_names = None
+    if multiple_choice:
+        class_names = [f"candidate {k + 1}" for k in range(config.num_choices)]
+        context = [f"context {i + 1}" for i in range(config.num_context_panels)]
+        token_names = [["CLS", *context, f"candidate {k + 1}"] for k in (chosen_rows - offsets).tolist()]
     return RoutingTrace(
         compatibilities=numbers_out["compatibilities"],
         types=numbers_out["types"],
@@ -424,10 +554,16 @@ def trace_routing(
         images=_display_images(values, config) if grid is not None else None,
         attentions=attentions,
         task_names=list(config.task_names),
-        class_names=[str(id2label.get(i, i)) for i in range(getattr(config, "num_labels", 0) or 0)],
+        class_names=class_names,
         disabled_functions=disabled,
         set_inputs=values.detach().float().cpu().numpy() if reads_set else None,
         regression=numbers_out["predictions"],
+        panels=_display_panels(values) if multiple_choice else None,
+        labels=correct,
+        meta_targets=meta,
+        correct_compatibilities=numbers_out.get("correct_compatibilities"),
+        correct_types=numbers_out.get("correct_types"),
+        token_names=token_names,
     )
 
 
@@ -442,16 +578,37 @@ def _step_name(steps: Sequence[tuple[int, int]], i: int) -> str:
     return f"script {script + 1}, iteration {iteration + 1}"
 
 
+def _matrix_shape(num_places: int) -> tuple[int, int]:
+    """Rows and columns of the puzzle's matrix (3 x 3 for PGM's 8 context panels and the missing one)."""
+    side = math.isqrt(num_places)
+    return (side, side) if side * side == num_places else (1, num_places)
+
+
 def computational_path_data(trace: RoutingTrace, index: int = 0) -> dict[str, Any]:
-    """C (Eq. 4) of one sample per function iteration and function: on the patch grid (a set: on its elements), and
-    for every task's CLS token."""
+    """C (Eq. 4) of one sample per function iteration and function: on the patch grid (a set: on its elements; a PGM
+    puzzle: on its matrix, the chosen candidate in the missing panel's place), and for every task's CLS token."""
     _check_trace(trace)
-    if trace.grid is None and not trace.is_set:
-        raise ValueError("The computational path is drawn on a patch grid or a set; this trace has neither.")
+    if trace.grid is None and not trace.is_set and not trace.is_multiple_choice:
+        raise ValueError(
+            "The computational path is drawn on a patch grid, a set or a PGM puzzle; this trace has none."
+        )
     index = _index("index", index, trace.compatibilities.shape[1], "a sample index of the trace")
     c = trace.compatibilities[:, index]  # (K, U, N)
     t = trace.num_task_tokens
-    if trace.is_set:
+    if trace.is_multiple_choice:
+        k, u, n = c.shape
+        inputs = {
+            "tokens": c,  # (K, U, N): CLS, the context panels, the chosen candidate
+            "token_names": list(trace.token_names[index]),
+            "matrix": c[:, :, t:].reshape(k, u, *_matrix_shape(n - t)),  # (K, U, rows, columns)
+            "panels": trace.panels[index],  # (context + choices, S, S)
+            "label": None if trace.labels is None else int(trace.labels[index]),
+            "correct_tokens": (
+                None if trace.correct_compatibilities is None else trace.correct_compatibilities[:, index]
+            ),
+            "meta_target": None if trace.meta_targets is None else trace.meta_targets[index],
+        }
+    elif trace.is_set:
         inputs: dict[str, Any] = {
             "elements": c[:, :, t:],  # (K, U, N_in)
             "inputs": trace.set_inputs[index],  # (N_in,)
@@ -528,7 +685,10 @@ class FunctionUsage:
     Sums and token counts add over batches (`+`); the `by_*` means are the mean C of each function over those
     tokens (all N of each sample: task tokens and patches), and "none" is the share no function accepted. For a set
     input (set regression: every sample is read by every task's CLS token) a task's row is the mean C of that
-    task's own CLS token (`task_source` "cls_token"), and there are no classes.
+    task's own CLS token (`task_source` "cls_token"), and there are no classes. For PGM puzzles (the sets of the
+    chosen candidates) there is a row per token position (CLS, each context panel, the candidate), and the classes
+    are the relation types of the puzzles' meta targets (`class_source` "meta_targets"; a puzzle counts for every
+    relation it holds), none without them.
     """
 
     steps: list[tuple[int, int]]
@@ -544,6 +704,9 @@ class FunctionUsage:
     class_source: str  # "labels" or "predictions" ("none" for a set input)
     # "samples": a task's row is over all tokens of its samples; "cls_token": over its own CLS token (a set input)
     task_source: str = "samples"
+    position_names: list[str] = field(default_factory=list)  # the tokens of a PGM set, in order
+    position_sums: np.ndarray | None = None  # (K, N, U): C summed over the samples, per token position
+    position_samples: int = 0
 
     @classmethod
     def from_trace(
@@ -553,6 +716,37 @@ class FunctionUsage:
         _check_trace(trace)
         c = trace.compatibilities.astype(np.float64)  # (K, B, U, N)
         k, b, u, n = c.shape
+        if trace.is_multiple_choice:
+            if labels is not None:
+                raise ValueError(
+                    "A PGM trace is split by relation type, not by class: give the puzzles' meta_targets (and "
+                    "labels, the correct candidates) to trace_routing."
+                )
+            per_sample = c.sum(axis=(0, 3))  # (B, U)
+            if trace.meta_targets is None:
+                relations, membership = [], np.zeros((b, 0))
+            else:
+                from .data.pgm import META_TARGET_NAMES
+
+                relations = list(RELATION_TYPES)
+                columns = [META_TARGET_NAMES.index(name) for name in relations]
+                membership = trace.meta_targets[:, columns].astype(np.float64)  # (B, R)
+            return cls(
+                steps=list(trace.steps),
+                task_names=list(trace.task_names),
+                class_names=relations,
+                iteration_sums=c.sum(axis=(1, 3)),
+                iteration_tokens=b * n,
+                task_sums=c.sum(axis=(0, 1, 3))[None],  # (1, U): the one task
+                task_tokens=np.array([k * b * n]),
+                class_sums=membership.T @ per_sample,
+                class_tokens=membership.sum(axis=0).astype(np.int64) * k * n,
+                num_samples=b,
+                class_source="none" if trace.meta_targets is None else "meta_targets",
+                position_names=[*trace.token_names[0][:-1], "candidate"],
+                position_sums=c.sum(axis=1).transpose(0, 2, 1),  # (K, N, U)
+                position_samples=b,
+            )
         if trace.is_set:
             if labels is not None:
                 raise ValueError("A set input has no classes: its labels are regression targets.")
@@ -604,7 +798,11 @@ class FunctionUsage:
         ):
             raise ValueError("Only usages of the same model and function iterations add up.")
         if self.class_source != other.class_source:
-            raise ValueError("Usages counted by labels and by predictions do not add up.")
+            raise ValueError(
+                f"Usages counted by {self.class_source} and by {other.class_source} do not add up."
+            )
+        if self.position_names != other.position_names:
+            raise ValueError("Only usages of the same model and function iterations add up.")
         classes = max(len(self.class_names), len(other.class_names))
 
         def pad(a: np.ndarray) -> np.ndarray:
@@ -623,6 +821,9 @@ class FunctionUsage:
             num_samples=self.num_samples + other.num_samples,
             class_source=self.class_source,
             task_source=self.task_source,
+            position_names=self.position_names,
+            position_sums=None if self.position_sums is None else self.position_sums + other.position_sums,
+            position_samples=self.position_samples + other.position_samples,
         )
 
     @property
@@ -639,12 +840,26 @@ class FunctionUsage:
 
     @property
     def by_class(self) -> np.ndarray:
-        """(classes, U): mean C of each function over the function iterations, for the samples of each class."""
+        """(classes, U): mean C of each function over the function iterations, for the samples of each class (of a
+        PGM trace: for the puzzles holding each relation type)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.class_sums / self.class_tokens[:, None]
 
+    @property
+    def by_position_iteration(self) -> np.ndarray:
+        """(K, N, U): mean C of each function for each token position of a PGM set, at each function iteration."""
+        if self.position_sums is None:
+            return np.zeros((len(self.steps), 0, self.iteration_sums.shape[1]))
+        return self.position_sums / max(self.position_samples, 1)
+
+    @property
+    def by_position(self) -> np.ndarray:
+        """(N, U): mean C of each function for each token position of a PGM set, over the function iterations."""
+        return self.by_position_iteration.mean(axis=0)
+
     def rows(self) -> list[tuple[str, np.ndarray]]:
-        """(row name, mean C per function) for every function iteration, task and class that has samples."""
+        """(row name, mean C per function) for every function iteration, task, token position (a PGM set) and class
+        (relation type) that has samples."""
         rows = [(_step_name(self.steps, i), self.by_iteration[i]) for i in range(len(self.steps))]
         task = "CLS token of {}" if self.task_source == "cls_token" else "task {}"
         rows += [
@@ -652,8 +867,10 @@ class FunctionUsage:
             for t, v, m in zip(self.task_names, self.by_task, self.task_tokens, strict=True)
             if m
         ]
+        rows += [(f"token {name}", v) for name, v in zip(self.position_names, self.by_position, strict=True)]
+        group = "relation {}" if self.class_source == "meta_targets" else "class {}"
         rows += [
-            (f"class {c}", v)
+            (group.format(c), v)
             for c, v, m in zip(self.class_names, self.by_class, self.class_tokens, strict=True)
             if m
         ]
@@ -665,7 +882,7 @@ class FunctionUsage:
         def clean(a: np.ndarray) -> list:
             return [[None if np.isnan(x) else round(float(x), 6) for x in row] for row in a]
 
-        return {
+        data = {
             "functions": [f"function {u}" for u in range(self.iteration_sums.shape[1])],
             "iterations": [_step_name(self.steps, i) for i in range(len(self.steps))],
             "by_iteration": clean(self.by_iteration),
@@ -677,6 +894,11 @@ class FunctionUsage:
             "class_source": self.class_source,
             "task_source": self.task_source,
         }
+        if self.position_names:
+            data["positions"] = self.position_names
+            data["by_position"] = clean(self.by_position)
+            data["by_position_iteration"] = [clean(a) for a in self.by_position_iteration]
+        return data
 
     def to_markdown(self) -> str:
         """A Markdown table: one row per function iteration, task and class; mean C per function and 'none'."""
@@ -707,7 +929,9 @@ def attention_data(
     if trace.attentions is None:
         raise ValueError("Trace without attention weights: call trace_routing(..., output_attentions=True).")
     if trace.grid is None:
-        raise ValueError("The attention map is drawn on a patch grid; this trace has a set input.")
+        raise ValueError(
+            "The attention map is drawn on a patch grid; this trace has a set input (a set or a PGM puzzle)."
+        )
     k, num_locs, b, u, h, n = trace.attentions.shape[:6]
     index = _index("index", index, b, "a sample index of the trace")
     step = _index("step", step, k, "a function iteration of the trace")
@@ -757,13 +981,129 @@ def _title(trace: RoutingTrace, index: int) -> str:
     return text
 
 
+# Frames on a PGM puzzle, as the paper's PGM figure marks answers: green the correct one, orange a wrong choice.
+CHOSEN_COLOUR, CORRECT_COLOUR = "tab:orange", "tab:green"
+
+
+def _mosaic(panels: np.ndarray, rows: int, columns: int, gap: int) -> np.ndarray:
+    """(P, S, S) panels side by side, row-major on a rows x columns grid, `gap` pixels of mid grey between them."""
+    size = panels.shape[-1]
+    step = size + gap
+    out = np.full((rows * step - gap, columns * step - gap), 0.5)
+    for place, panel in enumerate(panels):
+        r, c = divmod(place, columns)
+        out[r * step : r * step + size, c * step : c * step + size] = panel
+    return out
+
+
+def _outline(ax: Any, place: int, columns: int, size: int, gap: int, colour: str) -> None:
+    """A frame around panel `place` of a `_mosaic` (imshow puts pixel centres on the integers)."""
+    from matplotlib.patches import Rectangle
+
+    r, c = divmod(place, columns)
+    corner = (c * (size + gap) - 0.5, r * (size + gap) - 0.5)
+    ax.add_patch(Rectangle(corner, size, size, fill=False, edgecolor=colour, linewidth=2.0))
+
+
+def _puzzle_title(trace: RoutingTrace, index: int) -> str:
+    chosen = int(trace.predictions[index])
+    text = f"Puzzle {index}: chose candidate {chosen + 1} (p = {trace.probabilities[index].max():.2f})"
+    if trace.labels is not None:
+        label = int(trace.labels[index])
+        text += ", the correct one" if label == chosen else f"; correct: candidate {label + 1}"
+    if trace.disabled_functions:
+        text += f"; functions {', '.join(map(str, trace.disabled_functions))} off"
+    if trace.meta_targets is not None:
+        from .data.pgm import META_TARGET_NAMES
+
+        names = [name for name, bit in zip(META_TARGET_NAMES, trace.meta_targets[index], strict=True) if bit]
+        text += f"\nmeta target: {', '.join(names) or 'none'}"
+    return text
+
+
+def _plot_puzzle_path(trace: RoutingTrace, index: int) -> Figure:
+    """Computational path of one PGM puzzle: the puzzle's panels, and C of the chosen candidate's set on its matrix."""
+    data = computational_path_data(trace, index)
+    c, matrix, panels = data["tokens"], data["matrix"], data["panels"]
+    k, u, n = c.shape
+    num_context = n - trace.num_task_tokens - 1
+    num_choices = panels.shape[0] - num_context
+    chosen, label = data["prediction"], data["label"]
+    mark = CORRECT_COLOUR if chosen == label else CHOSEN_COLOUR
+    size = panels.shape[-1]
+    gap = max(1, size // 16)
+    fig = _new_figure(2.8 + 1.45 * u + 0.9, max(1.45 * k + 0.9, 4.6))
+    left, right = fig.subfigures(1, 2, width_ratios=[2.8, 1.45 * u + 0.9])
+    ax_matrix, ax_choices = left.subplots(2, 1, height_ratios=[3, 2])
+    shape = _matrix_shape(num_context + 1)
+    grey = dict(cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax_matrix.imshow(
+        _mosaic(np.concatenate([panels[:num_context], panels[num_context + chosen][None]]), *shape, gap),
+        **grey,
+    )
+    _outline(ax_matrix, num_context, shape[1], size, gap, mark)
+    ax_matrix.set_title("the matrix, chosen candidate in place", fontsize=8)
+    choice_columns = math.ceil(num_choices / 2)
+    ax_choices.imshow(_mosaic(panels[num_context:], min(num_choices, 2), choice_columns, gap), **grey)
+    for j in range(num_choices):
+        r, col = divmod(j, choice_columns)
+        ax_choices.text(
+            col * (size + gap), r * (size + gap), str(j + 1), fontsize=6, va="top", color="tab:blue"
+        )
+    if label is not None and label != chosen:
+        _outline(ax_choices, label, choice_columns, size, gap, CORRECT_COLOUR)
+    _outline(ax_choices, chosen, choice_columns, size, gap, mark)
+    if label is None:
+        what = f"chosen {chosen + 1} (orange)"
+    elif label == chosen:
+        what = f"chosen {chosen + 1}, correct (green)"
+    else:
+        what = f"chosen {chosen + 1} (orange), correct {label + 1} (green)"
+    ax_choices.set_title(f"candidates: {what}", fontsize=8)
+    for ax in (ax_matrix, ax_choices):
+        ax.axis("off")
+    axes = right.subplots(k, u, squeeze=False)
+    place = divmod(num_context, shape[1])  # the candidate's cell: the missing panel's place
+    mappable = None
+    for i in range(k):
+        for f in range(u):
+            ax = axes[i, f]
+            mappable = ax.imshow(matrix[i, f], cmap="magma", vmin=0.0, vmax=1.0, interpolation="nearest")
+            for (r, col), v in np.ndenumerate(matrix[i, f]):
+                ax.text(
+                    col,
+                    r,
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if v < 0.6 else "black",
+                )
+            ax.add_patch(_square(place[1] - 0.5, place[0] - 0.5, mark))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            off = " (off)" if f in trace.disabled_functions else ""
+            title = f"CLS {c[i, f, 0]:.2f}{off}"
+            ax.set_title(f"function {f}\n{title}" if i == 0 else title, fontsize=9 if i == 0 else 8)
+            if f == 0:
+                ax.set_ylabel(_step_name(trace.steps, i), fontsize=9)
+    right.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.6, label="compatibility C")
+    right.suptitle("C of the chosen candidate's set, on the matrix (CLS above)", fontsize=8)
+    fig.suptitle(_puzzle_title(trace, index), fontsize=10)
+    return fig
+
+
 def plot_computational_path(trace: RoutingTrace, index: int = 0) -> Figure:
     """Computational path of one image: C of each function (columns) at each function iteration (rows), on the image.
 
     The first column shows the input; each panel shades the patches by C_ui of that function (0 to 1) and gives C
-    of the sample's own CLS token; with several tasks, a last column shows C for every task's CLS token.
+    of the sample's own CLS token; with several tasks, a last column shows C for every task's CLS token. A PGM
+    puzzle is drawn beside C of its chosen candidate's set, laid out on the matrix with the candidate in the
+    missing panel's place, and C of the CLS token above each panel.
     """
-    if _check_trace(trace).grid is None:
+    if _check_trace(trace).is_multiple_choice:
+        return _plot_puzzle_path(trace, index)
+    if trace.grid is None:
         raise ValueError("The computational path is drawn on a patch grid; a set input has plot_set_path.")
     data = computational_path_data(trace, index)
     patches, cls = data["patches"], data["task_tokens"]
@@ -936,7 +1276,8 @@ def plot_type_space(
 
 
 def plot_function_usage(usage: FunctionUsage) -> Figure:
-    """Function usage as heatmaps: mean C of each function per function iteration, per task and per class."""
+    """Function usage as heatmaps: mean C of each function per function iteration, per task and per class (of a PGM
+    trace: per token position and relation type)."""
     if not isinstance(usage, FunctionUsage):
         raise TypeError(
             f"`usage` must be a FunctionUsage (from FunctionUsage.from_trace), got {type(usage).__name__}."
@@ -952,8 +1293,15 @@ def plot_function_usage(usage: FunctionUsage) -> Figure:
             [("CLS " if cls_rows else "") + str(usage.task_names[i])[:14] for i in tasks],
             usage.by_task[tasks],
         ),
-        ("class", [str(usage.class_names[i])[:14] for i in classes], usage.by_class[classes]),
+        ("token", usage.position_names, usage.by_position),
+        (
+            "relation type" if usage.class_source == "meta_targets" else "class",
+            [str(usage.class_names[i])[:16] for i in classes],
+            usage.by_class[classes],
+        ),
     ]
+    if usage.position_names:  # one task, whose row is the mean over everything: the token rows say more
+        parts.pop(1)
     parts = [part for part in parts if len(part[1])]
     u = usage.iteration_sums.shape[1]
     height = 1.0 + 0.25 * max(len(names) for _, names, _ in parts)
@@ -974,7 +1322,8 @@ def plot_function_usage(usage: FunctionUsage) -> Figure:
         ax.set_yticklabels(names, fontsize=7)
         ax.set_title(f"per {title}", fontsize=9)
     fig.colorbar(mappable, ax=list(axes), shrink=0.8, label="mean C")
-    fig.suptitle(f"Function usage over {usage.num_samples} samples", fontsize=10)
+    samples = "puzzles (the chosen candidates' sets)" if usage.position_names else "samples"
+    fig.suptitle(f"Function usage over {usage.num_samples} {samples}", fontsize=10)
     return fig
 
 
@@ -1026,10 +1375,10 @@ def plot_attention(
     return fig
 
 
-def _square(x: int, y: int) -> Any:
+def _square(x: float, y: float, colour: str = "red") -> Any:
     from matplotlib.patches import Rectangle
 
-    return Rectangle((x, y), 1, 1, fill=False, edgecolor="red", linewidth=1.5)
+    return Rectangle((x, y), 1, 1, fill=False, edgecolor=colour, linewidth=1.5)
 
 
 def _check_figure(fig: Any, dpi: Any) -> None:
@@ -1126,10 +1475,7 @@ def write_set_routing_card_assets(
     import importlib.util
 
     output_dir = _output_dir(output_dir)
-    if not isinstance(stem, str) or not stem or os.sep in stem or "/" in stem:
-        raise ValueError(
-            f"`stem` must be a file name prefix (a non-empty str without a folder), got {stem!r}."
-        )
+    _check_stem(stem)
     if not isinstance(heading, str):
         raise TypeError(f"`heading` must be a str (a Markdown heading), got {type(heading).__name__}.")
     if draw is not None and not isinstance(draw, (bool, np.bool_)):
@@ -1177,6 +1523,86 @@ def write_set_routing_card_assets(
     }
 
 
+def write_pgm_routing_card_assets(
+    model: torch.nn.Module,
+    pixel_values: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray | Sequence[int] | None,
+    output_dir: str | Path,
+    meta_targets: torch.Tensor | np.ndarray | Sequence[Sequence[int]] | None = None,
+    index: int = 0,
+    stem: str = "routing",
+) -> dict[str, Any]:
+    """Routing of a multiple-choice (PGM) model on a batch of test puzzles, for its model card: the computational
+    path of puzzle `index` and the function usage of the batch (C of Eq. 4, on the chosen candidates' sets).
+
+    Writes `<stem>_path.png`, `<stem>_usage.png` and `<stem>_usage.json` in `output_dir` (matplotlib, the `vis`
+    extra, is needed); labels: the correct candidates; meta_targets: the puzzles' (B, 12) meta-target bits, for the
+    usage per relation type. Returns {"markdown": the card's section, linking the PNGs by file name, "files": paths
+    written, "usage": the usage numbers}.
+    """
+    output_dir = _output_dir(output_dir)
+    _check_stem(stem)
+    _traced_backbone(model)  # what is no Neural Interpreter is refused by name
+    if MULTIPLE_CHOICE_MODEL not in _mro_names(model):
+        raise TypeError(
+            f"`model` must be a {MULTIPLE_CHOICE_MODEL} (PGM puzzles), got {type(model).__name__}; "
+            "write_routing_card_assets and write_set_routing_card_assets draw the other models."
+        )
+    trace = trace_routing(model, pixel_values, labels=labels, meta_targets=meta_targets)
+    index = _index("index", index, trace.compatibilities.shape[1], "a puzzle index of the batch")
+    usage = FunctionUsage.from_trace(trace)
+    figures = {"path": plot_computational_path(trace, index), "usage": plot_function_usage(usage)}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path_png, usage_png = output_dir / f"{stem}_path.png", output_dir / f"{stem}_usage.png"
+    usage_json = output_dir / f"{stem}_usage.json"
+    save_figure(figures["path"], path_png)
+    save_figure(figures["usage"], usage_png)
+    usage_json.write_text(json.dumps(usage.to_dict(), indent=2) + "\n")
+    chosen = int(trace.predictions[index])
+    if trace.labels is None:
+        puzzle = f"the model chose candidate {chosen + 1}"
+        solved = ""
+    else:
+        label = int(trace.labels[index])
+        correct = "the correct one" if label == chosen else f"the correct one is candidate {label + 1}"
+        puzzle = f"the model chose candidate {chosen + 1}, {correct}"
+        solved = f" (the model solves {int((trace.predictions == trace.labels).sum())} of them)"
+    relations = (
+        ", and per relation type of the puzzles' meta targets (a puzzle counts for every relation it holds)"
+        if usage.class_source == "meta_targets"
+        else ""
+    )
+    markdown = "\n".join(
+        [
+            "## Routing",
+            "",
+            f"![Computational path of one test puzzle]({path_png.name})",
+            "",
+            f"The computational path of one test puzzle ({puzzle}). Each candidate is scored on its own set of "
+            f"{trace.compatibilities.shape[-1]} tokens (a CLS token, the context panels, the candidate); shown is the "
+            "set of the chosen candidate: how much each function (columns) accepts each token at each function "
+            "iteration (rows), the compatibility C of Eq. 4 from 0 to 1, laid out on the matrix with the candidate "
+            "in the missing panel's place, and C of the CLS token, whose output scores the candidate, above each "
+            "panel.",
+            "",
+            f"![Function usage]({usage_png.name})",
+            "",
+            f"Function usage: mean C of each function over the chosen candidates' sets of {usage.num_samples} test "
+            f"puzzles{solved}, per function iteration, per token (context panels in the matrix's row-major order)"
+            f"{relations}; 'none' is the share no function accepts ({usage_json.name} has the numbers, per token "
+            "and function iteration too).",
+            "",
+            usage.to_markdown(),
+            "",
+        ]
+    )
+    return {
+        "markdown": markdown,
+        "files": [str(path_png), str(usage_png), str(usage_json)],
+        "usage": usage.to_dict(),
+    }
+
+
 __all__ = [
     "FunctionUsage",
     "RoutingTrace",
@@ -1192,5 +1618,6 @@ __all__ = [
     "trace_routing",
     "type_projection_data",
     "write_routing_card_assets",
+    "write_pgm_routing_card_assets",
     "write_set_routing_card_assets",
 ]

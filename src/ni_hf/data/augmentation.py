@@ -11,7 +11,8 @@ Sampling follows timm's ``RandAugment``: ``num_ops`` layers; in each, every imag
 uniformly from the policy (with replacement across layers), applies it with probability ``probability``
 (timm: 0.5), and draws its own random sign for the signed operations. Random draws use torch's global (CPU)
 generator, so ``transformers.set_seed`` makes them reproducible and a resumed ``Trainer`` (which restores the
-RNG states of its checkpoints) replays them.
+RNG states of its checkpoints) replays them, as long as nothing else draws from that generator differently in a
+resumed run (:class:`ni_hf.training.checkpoints.ExactResumeMixin` keeps the training DataLoader from doing so).
 
 The operations work like PIL on uint8 images: an image an operation is applied to is put on the uint8 grid
 (``round(255 x)``), the operation computes PIL's result, and the output is ``value / 255``; the functions of

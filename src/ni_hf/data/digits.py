@@ -75,6 +75,7 @@ import os
 import re
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -536,7 +537,7 @@ def _load_split(
 def load_task_split(
     task: str,
     split: str,
-    source: str = "hub",
+    source: str | None = None,
     data_dir: str | Path | None = None,
     max_samples: int | None = None,
     seed: int = 42,
@@ -544,9 +545,11 @@ def load_task_split(
 ) -> Dataset:
     """Load one split of one task with columns ``image`` and ``label`` (no ``task_id``).
 
-    Local images are decoded once here: a file that cannot be decoded is named, and refused unless
-    ``skip_bad_images``, which leaves such files out with a warning that counts and names them.
+    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub". Local images
+    are decoded once here: a file that cannot be decoded is named, and refused unless ``skip_bad_images``, which
+    leaves such files out with a warning that counts and names them.
     """
+    source = resolve_dataset_source(None, data_dir) if source is None else source
     _check_source(source)
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r}; expected one of {list(SPLITS)}")
@@ -590,8 +593,39 @@ def load_digits_tasks(
     return DatasetDict(out), names
 
 
+@dataclass
+class DigitsTransform:
+    """Dataset transform: images -> the processor's normalized (C, H, W) float arrays, labels and the model's task ids.
+
+    The task id is ``task_id`` for every sample if given, else the row's ``task_id`` mapped through
+    ``model_task_ids`` (a saved model evaluated on some of its tasks, or in another order). It draws no random
+    numbers: it runs in DataLoader workers, whose random state a checkpoint does not keep, so augmentation happens on
+    the batch in the training step. A class at module level, not a closure, so that workers started by spawn or
+    forkserver can unpickle it.
+    """
+
+    processor: Any  # an image processor called with do_patchify=False (NeuralInterpreterImageProcessor)
+    model_task_ids: list[int] | None = None
+    task_id: int | None = None
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
+        pixel_values = self.processor(images=batch["image"], do_patchify=False)["pixel_values"]
+        if self.task_id is not None:
+            task_ids = [self.task_id] * len(batch["label"])
+        else:
+            task_ids = [int(task_id) for task_id in batch["task_id"]]
+            if self.model_task_ids is not None:
+                task_ids = [self.model_task_ids[task_id] for task_id in task_ids]
+        return {
+            "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
+            "labels": [int(label) for label in batch["label"]],
+            "task_ids": task_ids,
+        }
+
+
 __all__ = [
     "DIGIT_CLASS_NAMES",
+    "DigitsTransform",
     "HUB_DATASETS",
     "LOCAL_FOLDER_NAMES",
     "PAPER_TASKS",

@@ -43,6 +43,7 @@ are computed in float64 and stored as float32.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +52,8 @@ import torch
 
 __all__ = [
     "FuzzyBooleanFunction",
+    "TensorBatchDataset",
+    "batch_collator",
     "evaluate_truth_tables",
     "fuzzy_and",
     "fuzzy_not",
@@ -419,3 +422,31 @@ def make_fuzzy_boolean_datasets(
             splits[split] = ds.with_format("torch") if torch_format else ds
         out[group] = datasets.DatasetDict(splits)
     return out
+
+
+class TensorBatchDataset(torch.utils.data.Dataset):
+    """In-memory (inputs, labels) tensors; ``__getitems__`` serves a whole batch with one tensor index."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        if inputs.shape[0] != labels.shape[0]:
+            raise ValueError(f"inputs and labels differ in length: {inputs.shape[0]} vs {labels.shape[0]}")
+        self.inputs = inputs.contiguous()
+        self.labels = labels.contiguous()
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"inputs": self.inputs[index], "labels": self.labels[index]}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return {"inputs": self.inputs[index], "labels": self.labels[index]}
+
+
+def batch_collator(batch: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Pass a whole batch (``TensorBatchDataset.__getitems__``) through; stack a list of samples (a sampler that
+    bypasses ``__getitems__``)."""
+    if isinstance(batch, dict):
+        return batch
+    return {key: torch.stack([sample[key] for sample in batch]) for key in batch[0]}

@@ -1,4 +1,4 @@
-"""Evaluation helpers: the multi-task accuracy metric, offline.
+"""Evaluation helpers: the multi-task accuracy metric (offline), R^2 per function, and routing density.
 
 ``evaluate.load("accuracy")`` fetches the metric script from the Hugging Face Hub.
 This package instead ships its own metric script inside the package
@@ -103,6 +103,34 @@ def compute_multitask_accuracy(
     return results
 
 
+@torch.no_grad()
+def evaluate_multitask_accuracy(
+    model: torch.nn.Module,
+    tests: Sequence[Any],
+    task_names: Sequence[str],
+    batch_size: int,
+    **forward_kwargs: Any,
+) -> dict[str, float]:
+    """Test accuracy overall and per task (``accuracy_<task>``) of an image classifier (eval mode, gradients off) on
+    datasets whose rows hold ``pixel_values``, ``labels`` and ``task_ids``; ``forward_kwargs`` go to its forward
+    (e.g. ``disabled_functions``, ``num_function_iterations``)."""
+    model.eval()
+    device = next(model.parameters()).device
+    predictions, labels, task_ids = [], [], []
+    for batch in (
+        test[start : start + batch_size] for test in tests for start in range(0, len(test), batch_size)
+    ):
+        pixel_values = torch.from_numpy(np.stack(batch["pixel_values"])).to(device)
+        ids = torch.tensor(batch["task_ids"], device=device)
+        logits = model(pixel_values=pixel_values, task_ids=ids, **forward_kwargs).logits
+        predictions.append(logits.argmax(-1).cpu().numpy())
+        labels.append(np.asarray(batch["labels"]))
+        task_ids.append(np.asarray(batch["task_ids"]))
+    return compute_multitask_accuracy(
+        np.concatenate(predictions), np.concatenate(labels), np.concatenate(task_ids), task_names
+    )
+
+
 def make_compute_metrics(
     task_names: Sequence[str] | None = None,
     model_task_ids: Sequence[int] | None = None,
@@ -164,6 +192,40 @@ def make_compute_metrics(
     return compute_metrics
 
 
+def r2_per_function(predictions: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor) -> np.ndarray:
+    """R^2_f = 1 - SSE_f / SST_f of every column (float64), shape (F,).
+
+    A constant target column (SST = 0) gives 1 for a perfect prediction and -inf otherwise.
+    """
+    p = np.asarray(predictions, dtype=np.float64)
+    y = np.asarray(targets, dtype=np.float64)
+    if p.shape != y.shape:
+        raise ValueError(f"predictions {p.shape} and targets {y.shape} differ in shape")
+    if p.ndim == 1:
+        p, y = p[:, None], y[:, None]
+    sse = ((y - p) ** 2).sum(axis=0)
+    sst = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = 1.0 - sse / sst
+    return np.where(sst > 0, r2, np.where(sse > 0, -np.inf, 1.0))
+
+
+def summarize_r2(r2: np.ndarray) -> dict[str, Any]:
+    """Mean, population std, min and the per-function values of an R^2 vector."""
+    return {
+        "r2_mean": float(np.mean(r2)),
+        "r2_std": float(np.std(r2)),
+        "r2_min": float(np.min(r2)),
+        "r2_per_function": [float(v) for v in r2],
+    }
+
+
+def compute_r2_metrics(eval_pred: Any) -> dict[str, float]:
+    """Trainer ``compute_metrics`` of a multi-output regression: mean and min R^2 over the functions (columns)."""
+    r2 = r2_per_function(eval_pred.predictions, eval_pred.label_ids)
+    return {"r2_mean": float(np.mean(r2)), "r2_min": float(np.min(r2))}
+
+
 @torch.no_grad()
 def routing_density(model: torch.nn.Module, batches: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, Any]:
     """Fraction of (function, token) pairs with C > 0 (Eq. 5) in each function iteration, over all batches.
@@ -172,8 +234,8 @@ def routing_density(model: torch.nn.Module, batches: Iterable[Mapping[str, torch
     called with ``output_routing=True`` in eval mode, and its training mode is restored afterwards. Returns the
     density per function iteration (``per_iteration``), its ``mean``, the mean per function over iterations
     (``per_function_mean``), the mean number of functions a token is routed to (``functions_per_token_mean`` =
-    U x mean), ``num_functions`` and ``num_samples``. SPEC.md ("Cost") explains why a truncated pair's work could
-    be skipped.
+    U x mean), ``num_functions`` and ``num_samples``. A pair with C = 0 adds nothing to the function's attention
+    (Eq. 6), so its work could be skipped.
     """
     was_training = model.training
     model.eval()

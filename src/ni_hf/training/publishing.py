@@ -8,13 +8,73 @@ model card with its generic one). Checkpoints (``checkpoint-*``, also inside sub
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 from pathlib import Path
+from typing import Any
 
-__all__ = ["UPLOAD_IGNORE_PATTERNS", "explain_push_failure", "push_folder", "reconstruct_command"]
+__all__ = [
+    "UPLOAD_IGNORE_PATTERNS",
+    "check_push",
+    "explain_push_failure",
+    "hub_repo_id",
+    "push_folder",
+    "push_run",
+    "reconstruct_command",
+]
+
+logger = logging.getLogger(__name__)
 
 UPLOAD_IGNORE_PATTERNS = ("_*", "checkpoint-*", "*/checkpoint-*", "*/_*")
+
+
+def hub_repo_id(args: Any) -> str:
+    """The repo a run uploads to: ``--hub_model_id``, else the name of ``--output_dir``."""
+    return args.hub_model_id or Path(args.output_dir).absolute().name
+
+
+def check_push(args: Any) -> None:
+    """Refuse ``--push_to_hub`` where the upload at the end of the run cannot work: offline, no token, a bad repo id."""
+    from huggingface_hub import constants, get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            "--push_to_hub: HF_HUB_OFFLINE is set, so the upload would fail; unset it, or drop --push_to_hub and "
+            "upload the output folder later with `hf upload`."
+        )
+    if not (args.hub_token or get_token()):
+        raise ValueError(
+            "--push_to_hub needs a write token: run `hf auth login`, set HF_TOKEN, or pass --hub_token."
+        )
+    repo_id = hub_repo_id(args)
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        option = "--hub_model_id" if args.hub_model_id else "--output_dir's name (pass --hub_model_id)"
+        raise ValueError(f"{option} {repo_id!r} is not a Hub repo id: {error}") from None
+
+
+def push_run(output_dir: str | os.PathLike, args: Any, commit_message: str) -> str:
+    """Upload a finished run's ``output_dir`` to ``hub_repo_id(args)`` with ``args``' token, privacy and revision;
+    on failure log why and how to upload it later, and exit with status 1. Returns the commit URL."""
+    repo_id = hub_repo_id(args)
+    logger.info(f"Uploading {output_dir} to the Hub repo {repo_id}")
+    try:
+        url = push_folder(
+            output_dir,
+            repo_id,
+            commit_message=commit_message,
+            token=args.hub_token,
+            private=args.hub_private_repo,
+            revision=args.hub_revision,
+        )
+    except Exception as error:  # noqa: BLE001 - every failure gets the same explanation
+        logger.error(explain_push_failure(error, output_dir, repo_id))
+        raise SystemExit(1) from error
+    logger.info(f"Pushed to {url}")
+    return url
 
 
 def push_folder(

@@ -1,0 +1,488 @@
+#!/usr/bin/env python
+"""Train a multiple-choice Neural Interpreter (or the paper's ViT baseline) on PGM abstract reasoning (section 4.3).
+
+    python examples/run_pgm.py --preset cpu --output_dir runs/pgm-cpu          # offline: generated puzzles, minutes
+    python examples/run_pgm.py --preset cpu --regime attr.rels --architecture vit --output_dir runs/pgm-vit
+    accelerate launch examples/run_pgm.py --preset paper --dataset_source hub --output_dir runs/pgm-neutral
+
+Each puzzle is 8 context panels of an incomplete 3x3 matrix and 8 candidates; the model scores each candidate from
+the set (CLS token, context panels, candidate) and a softmax over the 8 scores is its answer. Data
+(``--dataset_source``): ``generated`` (default: the package's offline PGM-style generator, any regime),
+``deepmind`` (DeepMind's release under ``--data_dir``: a folder of ``PGM_<regime>_<split>_<id>.npz`` or the regime's
+``.tar.gz``) or ``hub`` (``HuggingFaceM4/PGM``, the neutral regime). Presets (``--preset``): ``paper`` (the paper's
+per-regime model and recipe: batch 72, 30 epochs, RAdam 4e-4 with cosine decay to 1e-4), ``cpu`` (a small model on
+generated one-relation puzzles that fits 2 CPU cores) and ``quick`` (a smoke test). Reports in-distribution (val) and
+out-of-distribution (test) accuracy, accuracy per relation type, and for a Neural Interpreter the anytime curve
+(accuracy against function iterations); writes ``pgm_results.json`` and a model card; ``--push_to_hub`` uploads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import HfArgumentParser, PretrainedConfig, Trainer, set_seed
+
+from ni_hf import (
+    MultiTaskViTConfig,
+    MultiTaskViTForMultipleChoice,
+    NeuralInterpreterConfig,
+    NeuralInterpreterForMultipleChoice,
+    NeuralInterpreterPanelProcessor,
+)
+from ni_hf.data.pgm import META_TARGET_NAMES, PGM_SOURCES, load_pgm
+from ni_hf.data.pgm_generator import REGIMES
+from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PGM_REGIMES
+from ni_hf.training.callbacks import time_limit_callbacks
+from ni_hf.training.checkpoints import load_checked, output_dir_lock, resolve_resume_checkpoint
+from ni_hf.training.model_card import write_pgm_model_card
+from ni_hf.training.presets import (
+    PGM_MODEL_CONFIGS,
+    PGM_PRESETS,
+    parse_config_overrides,
+    parse_with_presets,
+    preset_field,
+)
+from ni_hf.training.publishing import hub_repo_id, push_run, reconstruct_command
+from ni_hf.training.run_setup import (
+    ExampleTrainingArguments,
+    check_at_least,
+    check_training_arguments,
+    environment,
+    exit_on_bad_arguments,
+    setup_logging,
+)
+
+logger = logging.getLogger(__name__)
+
+ARCHITECTURES = {
+    "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForMultipleChoice),
+    "vit": (MultiTaskViTConfig, MultiTaskViTForMultipleChoice),
+}
+RELATION_TYPES = META_TARGET_NAMES[7:]  # progression, XOR, OR, AND, consistent_union
+SPLITS = {"val": "in distribution", "test": "out of distribution"}
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train (or, with --model_name_or_path, to evaluate)."""
+
+    preset: str | None = preset_field(PGM_PRESETS, default="paper")
+    architecture: str = field(
+        default="neural_interpreter",
+        metadata={
+            "help": "'neural_interpreter' or 'vit' (the paper's ViT baseline on the same panel embeddings).",
+            "choices": list(ARCHITECTURES),
+        },
+    )
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate this saved model (an output_dir of this script or a Hub repo id); --do_train false."
+        },
+    )
+    allow_mismatched_weights: bool = field(
+        default=False,
+        metadata={
+            "help": "Load --model_name_or_path even if its weights do not fit the model (missing tensors random)."
+        },
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "Config settings changed from the preset's, key=value pairs with JSON values, e.g. "
+            "'truncation_tau=1.5,type_dim=24'; merged key by key with the preset's."
+        },
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Neural Interpreter only: 'eager', 'sdpa' or 'fast' (the CPU kernels); default 'sdpa'."
+        },
+    )
+
+
+@dataclass
+class DataArguments:
+    """Which puzzles to train and evaluate on."""
+
+    dataset_source: str = field(
+        default="generated",
+        metadata={
+            "help": "'generated' (offline PGM-style generator), 'deepmind' (--data_dir) or 'hub' (HuggingFaceM4/PGM, "
+            "neutral).",
+            "choices": list(PGM_SOURCES),
+        },
+    )
+    regime: str = field(
+        default="neutral",
+        metadata={"help": "Generalisation regime (DeepMind's names).", "choices": list(REGIMES)},
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "deepmind: a folder of .npz files or the regime's .tar.gz; hub: a repo id or a Parquet folder."
+        },
+    )
+    num_train_puzzles: int | None = field(
+        default=None,
+        metadata={"help": "Training puzzles (generated: how many; files: at most; default all)."},
+    )
+    num_eval_puzzles: int | None = field(
+        default=None,
+        metadata={"help": "Puzzles of each of val and test (generated: how many; files: at most)."},
+    )
+    max_triples: int = field(
+        default=4,
+        metadata={"help": "generated: at most this many (object, attribute, relation) triples per puzzle."},
+    )
+    generator_seed: int = field(
+        default=0, metadata={"help": "generated: the seed of the puzzles (train, val, test)."}
+    )
+
+
+@dataclass
+class PGMTrainingArguments(ExampleTrainingArguments):
+    """TrainingArguments with the paper's PGM recipe as defaults."""
+
+    do_train: bool = field(
+        default=True, metadata={"help": "Train (--do_train false: evaluate --model_name_or_path)."}
+    )
+    radam: bool = field(default=True, metadata={"help": "Optimize with torch.optim.RAdam (the paper's)."})
+    learning_rate: float = field(default=4e-4, metadata={"help": "Peak learning rate (paper: 4e-4)."})
+    lr_scheduler_type: str = field(
+        default="cosine_with_min_lr", metadata={"help": "Schedule (paper: cosine)."}
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default_factory=lambda: {"min_lr": 1e-4}, metadata={"help": "Cosine decay to 1e-4 (the paper's)."}
+    )
+    per_device_train_batch_size: int = field(default=72, metadata={"help": "Puzzles per batch (paper: 72)."})
+    per_device_eval_batch_size: int = field(default=72, metadata={"help": "Puzzles per evaluation batch."})
+    num_train_epochs: float = field(default=30.0, metadata={"help": "Epochs (paper: 30)."})
+    eval_strategy: str = field(
+        default="epoch", metadata={"help": "Evaluate on val during training: 'epoch' or 'no'."}
+    )
+    save_strategy: str = field(
+        default="epoch", metadata={"help": "Checkpoint each epoch ('no': only at the end)."}
+    )
+    logging_steps: float = field(
+        default=50, metadata={"help": "Log the training loss every this many steps."}
+    )
+    anytime: bool = field(
+        default=True,
+        metadata={"help": "Neural Interpreter: also evaluate with 1..all function iterations per script."},
+    )
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "Stop training after this many minutes (a guard for a lent machine)."}
+    )
+
+
+def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, PGMTrainingArguments]:
+    parser = HfArgumentParser((ModelArguments, DataArguments, PGMTrainingArguments))
+    with exit_on_bad_arguments():
+        model_args, data_args, args = parse_with_presets(parser, PGM_PRESETS, argv)
+        check_arguments(model_args, data_args, args)
+    return model_args, data_args, args
+
+
+def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: PGMTrainingArguments) -> None:
+    """Refuse, naming the flag, what would fail or be ignored later, before any data or model is built."""
+    check_training_arguments(args)
+    for option, value in (
+        ("--num_train_puzzles", data_args.num_train_puzzles),
+        ("--num_eval_puzzles", data_args.num_eval_puzzles),
+    ):
+        check_at_least(option, value, 1)
+    if not 1 <= data_args.max_triples <= 4:
+        raise ValueError(
+            f"--max_triples must lie in 1..4 (PGM puzzles hold one to four triples), got {data_args.max_triples}."
+        )
+    if data_args.dataset_source == "hub" and data_args.regime != "neutral":
+        raise ValueError(
+            f"--regime {data_args.regime} with --dataset_source hub: the Hub holds the neutral regime only; use "
+            "--dataset_source deepmind --data_dir <its archive> or --dataset_source generated."
+        )
+    if data_args.dataset_source == "deepmind" and not data_args.data_dir:
+        raise ValueError(
+            "--dataset_source deepmind needs --data_dir (a folder of .npz files or the regime's .tar.gz)."
+        )
+    if model_args.model_name_or_path is None and not args.do_train:
+        raise ValueError("--do_train false evaluates a saved model: pass --model_name_or_path.")
+    if model_args.attn_implementation and model_args.architecture == "vit":
+        raise ValueError(
+            "--attn_implementation is the Neural Interpreter's; the ViT baseline runs transformers' own."
+        )
+    if data_args.regime not in PGM_REGIMES:
+        raise ValueError(f"--regime {data_args.regime}: expected one of {sorted(PGM_REGIMES)}.")
+
+
+def build_config(model_args: ModelArguments, regime: str) -> PretrainedConfig:
+    """The preset's config for the architecture (the paper's regime selection for a Neural Interpreter), overridden."""
+    config_class = ARCHITECTURES[model_args.architecture][0]
+    settings = dict(PGM_MODEL_CONFIGS.get(model_args.preset or "paper", {}).get(model_args.architecture, {}))
+    settings.update(parse_config_overrides(model_args.config_overrides, config_class))
+    if model_args.architecture == "vit":
+        return MultiTaskViTConfig.from_paper("pgm", **settings)
+    return NeuralInterpreterConfig.from_paper("pgm", regime=regime, **settings)
+
+
+@dataclass
+class PGMCollator:
+    """Puzzles in the package's schema -> normalised panels, the correct candidates, and the relation types (kept
+    for the metrics). A class at module level, so that DataLoader workers started by spawn can unpickle it."""
+
+    processor: NeuralInterpreterPanelProcessor
+
+    def __call__(self, puzzles: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        panels = [puzzle["panels"] for puzzle in puzzles]
+        return {
+            "pixel_values": self.processor(panels, return_tensors="pt")["pixel_values"],
+            "labels": torch.tensor([int(puzzle["target"]) for puzzle in puzzles]),
+            "meta_target": torch.from_numpy(np.stack([np.asarray(p["meta_target"]) for p in puzzles])).long(),
+        }
+
+
+class PGMTrainer(Trainer):
+    """Trainer whose batches carry each puzzle's relation types (`meta_target`) to compute_metrics, not to the model."""
+
+    def compute_loss(
+        self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False, **kwargs: Any
+    ):
+        model_inputs = {key: value for key, value in inputs.items() if key != "meta_target"}
+        return super().compute_loss(model, model_inputs, return_outputs=return_outputs, **kwargs)
+
+
+def compute_metrics(eval_pred: Any) -> dict[str, float]:
+    """Accuracy, and the accuracy on the puzzles that hold each relation type (how many, beside it)."""
+    logits, (labels, meta_target) = eval_pred.predictions, eval_pred.label_ids
+    correct = np.asarray(logits).argmax(-1) == np.asarray(labels)
+    metrics = {"accuracy": float(correct.mean()), "num_samples": int(correct.size)}
+    meta_target = np.asarray(meta_target).astype(bool)
+    for offset, name in enumerate(RELATION_TYPES, start=len(META_TARGET_NAMES) - len(RELATION_TYPES)):
+        holds = meta_target[:, offset]
+        metrics[f"accuracy_{name}"] = float(correct[holds].mean()) if holds.any() else math.nan
+        metrics[f"num_samples_{name}"] = int(holds.sum())
+    return metrics
+
+
+def load_split(data_args: DataArguments, split: str, panel_size: int, count: int | None, seed: int) -> Any:
+    """One split in the package's PGM schema, from the chosen source."""
+    return load_pgm(
+        data_args.dataset_source,
+        split=split,
+        regime=data_args.regime,
+        data_dir=data_args.data_dir,
+        max_samples=count,
+        seed=seed,
+        panel_size=panel_size,
+        **({"max_triples": data_args.max_triples} if data_args.dataset_source == "generated" else {}),
+    )
+
+
+def evaluate_splits(trainer: Trainer, datasets: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Val (in distribution) and test (out of distribution) metrics, logged."""
+    results = {}
+    for split, dataset in datasets.items():
+        metrics = trainer.evaluate(dataset, metric_key_prefix=split)
+        results[split] = {key.removeprefix(f"{split}_"): value for key, value in metrics.items()}
+        per_relation = ", ".join(
+            f"{name} {100 * results[split][f'accuracy_{name}']:.1f}% ({results[split][f'num_samples_{name}']})"
+            for name in RELATION_TYPES
+            if results[split][f"num_samples_{name}"]
+        )
+        logger.info(
+            f"{split} ({SPLITS[split]}): accuracy {100 * results[split]['accuracy']:.2f}% of "
+            f"{results[split]['num_samples']} puzzles; by relation type: {per_relation}"
+        )
+    return results
+
+
+def anytime_curve(trainer: Trainer, model: torch.nn.Module, datasets: dict[str, Any]) -> list[dict[str, Any]]:
+    """Accuracy with k = 1..trained function iterations per script (the paper's Figure 6): anytime inference."""
+    config = model.config
+    trained, per_script = config.num_function_iterations, config.iterations_per_script
+    rows = []
+    try:
+        for k in range(1, max(per_script) + 1):
+            config.num_function_iterations = [min(k, n) for n in per_script]  # read by every forward
+            row = {"function_iterations": k}
+            for split, dataset in datasets.items():
+                row[f"{split}_accuracy"] = trainer.evaluate(dataset, metric_key_prefix=f"{split}_k{k}")[
+                    f"{split}_k{k}_accuracy"
+                ]
+            rows.append(row)
+            logger.info("Anytime: %s", ", ".join(f"{key} {value:.4g}" for key, value in row.items()))
+    finally:
+        config.num_function_iterations = trained
+    return rows
+
+
+def add_routing_to_card(model: torch.nn.Module, dataset: Any, collator: PGMCollator, card: Path) -> None:
+    """Append the computational path of a test puzzle and the function usage of a test batch to the model card."""
+    try:
+        from ni_hf.visualization import write_pgm_routing_card_assets
+    except ImportError as error:  # matplotlib is the `vis` extra
+        logger.warning(f"No routing picture on the model card ({error}); pip install 'ni_hf[vis]' for it")
+        return
+    batch = collator([dataset[i] for i in range(min(64, len(dataset)))])
+    assets = write_pgm_routing_card_assets(
+        model,
+        batch["pixel_values"].to(model.device),
+        batch["labels"],
+        card.parent,
+        meta_targets=batch["meta_target"],
+    )
+    with card.open("a") as f:
+        f.write("\n" + assets["markdown"].rstrip() + "\n")
+    logger.info(
+        f"Routing picture and function usage added to the model card: {', '.join(map(str, assets['files']))}"
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train and evaluate; return the results (also in <output_dir>/pgm_results.json)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    model_args, data_args, args = parse_arguments(argv)
+    push_to_hub, args.push_to_hub = args.push_to_hub, False  # uploaded at the end, with our model card
+    setup_logging(args, logger, transformers_info=True)
+    with output_dir_lock(args.output_dir, enabled=args.should_save):
+        return run(model_args, data_args, args, argv, push_to_hub)
+
+
+def run(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    args: PGMTrainingArguments,
+    argv: list[str],
+    push_to_hub: bool,
+) -> dict[str, Any]:
+    """Config, model, data, Trainer, train, evaluate, anytime curve, card, push."""
+    set_seed(args.seed)
+    callbacks = time_limit_callbacks(args.max_train_minutes)
+    checkpoint = resolve_resume_checkpoint(
+        args.resume_from_checkpoint if args.do_train else None, args.output_dir
+    )
+    model_class = ARCHITECTURES[model_args.architecture][1]
+    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    if model_args.model_name_or_path is not None:
+        path, allow = model_args.model_name_or_path, model_args.allow_mismatched_weights
+        model = load_checked(model_class, path, allow_mismatched_weights=allow, **kwargs)
+    else:
+        model = model_class._from_config(build_config(model_args, data_args.regime), **kwargs)
+    config = model.config
+    logger.info(
+        f"{type(model).__name__}: {model.num_parameters():,} parameters ({model.num_parameters(only_trainable=True):,} "
+        f"trainable), panels {config.panel_size}x{config.panel_size}"
+    )
+
+    # Data: train, val (in distribution), test (out of distribution)
+    seeds = {
+        "train": data_args.generator_seed,
+        "val": data_args.generator_seed,
+        "test": data_args.generator_seed,
+    }
+    train = (
+        load_split(data_args, "train", config.panel_size, data_args.num_train_puzzles, seeds["train"])
+        if args.do_train
+        else None
+    )
+    evaluation = {
+        split: load_split(data_args, split, config.panel_size, data_args.num_eval_puzzles, seeds[split])
+        for split in SPLITS
+    }
+    sizes = {
+        split: len(dataset)
+        for split, dataset in {"train": train, **evaluation}.items()
+        if hasattr(dataset, "__len__")
+    }
+    logger.info(f"PGM {data_args.regime} from {data_args.dataset_source}: {sizes} puzzles")
+    processor = NeuralInterpreterPanelProcessor(
+        size={"height": config.panel_size, "width": config.panel_size}
+    )
+    collator = PGMCollator(processor)
+
+    # Trainer
+    args.label_names = ["labels", "meta_target"]
+    optimizer = None
+    if args.radam:
+        betas = (args.adam_beta1, args.adam_beta2)
+        optimizer = (torch.optim.RAdam, {"lr": args.learning_rate, "betas": betas, "eps": args.adam_epsilon})
+    trainer = PGMTrainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=evaluation["val"],
+        data_collator=collator,
+        processing_class=processor,
+        compute_metrics=compute_metrics,
+        optimizer_cls_and_kwargs=optimizer,
+        callbacks=callbacks,
+    )
+
+    # Train
+    results: dict[str, Any] = {"train": {}}
+    if args.do_train:
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()  # weights, config (auto_map), model code, preprocessor_config.json
+        results["train"] = {
+            **train_result.metrics,
+            "global_step": trainer.state.global_step,
+            "world_size": args.world_size,
+        }
+        trainer.log_metrics("train", results["train"])
+        trainer.save_state()
+
+    # Evaluate
+    results.update(evaluate_splits(trainer, evaluation))
+    if args.anytime and model_args.architecture == "neural_interpreter":
+        results["anytime"] = anytime_curve(trainer, model, evaluation)
+
+    # Results, model card and Hub
+    if trainer.is_world_process_zero():
+        command, launcher_note = reconstruct_command(__file__, argv, args.world_size)
+        results.update(
+            architecture=model_args.architecture,
+            regime=data_args.regime,
+            dataset_source=data_args.dataset_source,
+            preset=model_args.preset,
+            num_parameters=model.num_parameters(),
+            sizes=sizes,
+            max_triples=data_args.max_triples if data_args.dataset_source == "generated" else None,
+            command=command,
+            environment=environment(args),
+        )
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "pgm_results.json").write_text(
+            json.dumps(results, indent=2, default=str) + "\n"
+        )
+        logger.info(f"Results written to {args.output_dir}/pgm_results.json")
+        if args.do_train:
+            card = write_pgm_model_card(
+                args.output_dir,
+                results,
+                model=model,
+                training_args=args,
+                repo_id=hub_repo_id(args),
+                launcher_note=launcher_note,
+            )
+            logger.info(f"Model card written to {card}")
+            if model_args.architecture == "neural_interpreter":
+                add_routing_to_card(model, evaluation["test"], collator, card)
+    trainer.accelerator.wait_for_everyone()
+    try:
+        if push_to_hub and args.do_train and trainer.is_world_process_zero():
+            push_run(args.output_dir, args, commit_message="Trained with examples/run_pgm.py")
+    finally:
+        trainer.end()
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Weights that do not fit the model are refused where a user gives them (run_digits.py, visualize_routing.py, the
+demo), naming the file and the counts; --allow_mismatched_weights loads them anyway. Resume points and the run lock
+are in tests/test_resume.py and tests/test_run_digits.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import _scripts
+import pytest
+import torch
+
+import ni_hf
+from ni_hf.training.checkpoints import last_complete_checkpoint, load_checked, resolve_resume_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+run_digits = _scripts.load_script(ROOT / "examples" / "run_digits.py", "run_digits")
+visualize_routing = _scripts.load_script(ROOT / "examples" / "visualize_routing.py", "visualize_routing")
+demo_app = _scripts.load_script(ROOT / "demo" / "app.py", "ni_demo_app")
+
+NI_SETTINGS = dict(
+    hidden_size=16, code_dim=8, num_function_iterations=1, num_functions=2, num_attention_heads=2,
+    attention_head_size=4, type_inference_hidden_size=8, type_dim=4, patch_size=8,
+    task_names=["mnist", "mnistm"], num_labels=10, id2label={i: str(i) for i in range(10)},
+)  # fmt: skip
+
+
+def save_ni(path: Path, **overrides) -> Path:
+    torch.manual_seed(0)
+    config = ni_hf.NeuralInterpreterConfig(**{**NI_SETTINGS, **overrides})
+    ni_hf.NeuralInterpreterForImageClassification(config).save_pretrained(path)
+    ni_hf.NeuralInterpreterImageProcessor(patch_size=config.patch_size).save_pretrained(path)
+    return path
+
+
+def tiny_vit() -> ni_hf.MultiTaskViTForImageClassification:
+    config = ni_hf.MultiTaskViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, patch_size=8,
+        task_names=["mnist", "mnistm"], num_labels=10,
+    )  # fmt: skip
+    return ni_hf.MultiTaskViTForImageClassification(config)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """A good Neural Interpreter checkpoint and four that do not fit one, by name."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    good = save_ni(root / "good")
+    vit = root / "vit"
+    tiny_vit().save_pretrained(vit)
+    ni_hf.NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(vit)
+    other = shutil.copytree(good, root / "other_config")  # the weights of a wider model under this config
+    shutil.copy(save_ni(root / "wide", hidden_size=24) / "model.safetensors", other / "model.safetensors")
+    truncated = shutil.copytree(good, root / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    pickled = shutil.copytree(good, root / "bin_of_another_model")
+    (pickled / "model.safetensors").unlink()
+    torch.save(tiny_vit().state_dict(), pickled / "pytorch_model.bin")
+    return {"good": good, "vit": vit, "other_config": other, "truncated": truncated, "bin": pickled}
+
+
+REFUSALS = {
+    "vit": r"its config.json describes a 'ni_multitask_vit' model; NeuralInterpreterForImageClassification reads",
+    "other_config": r"other_config/model.safetensors does not fit .*: \d+ have another shape \(.*in the file",
+    "truncated": r"truncated/model.safetensors is not a readable safetensors file",
+    "bin": r"bin_of_another_model/pytorch_model.bin does not fit .*: \d+ of the model's \d+ tensors are missing from "
+    r"it .*; \d+ of its tensors are not the model's \(vit\.",
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_the_demo_refuses_weights_that_do_not_fit(checkpoints, name):
+    with pytest.raises(ValueError, match=REFUSALS[name]):
+        demo_app.InterpreterDemo(str(checkpoints[name]))
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_visualize_routing_refuses_weights_that_do_not_fit(checkpoints, name, tmp_path, capsys):
+    argv = ["--model", str(checkpoints[name]), "--dataset", "sklearn_digits", "--output_dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        visualize_routing.main(argv)
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "--model" in stderr
+    assert re.search(REFUSALS[name], stderr), stderr
+    assert not (tmp_path / "routing.json").exists()
+
+
+@pytest.fixture
+def no_data_loading(monkeypatch):
+    """Loading data is an error: the weights must be refused before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the datasets were loaded")
+
+    monkeypatch.setattr(run_digits, "load_digits_tasks", refuse)
+
+
+def evaluate_args(path: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--model_name_or_path", str(path), "--do_train", "false", "--output_dir", str(output_dir),
+        "--dataset_source", "sklearn", "--use_cpu", "true", "--report_to", "none", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["other_config", "truncated", "bin"])
+def test_run_digits_refuses_weights_that_do_not_fit_before_loading_data(
+    checkpoints, name, no_data_loading, tmp_path
+):
+    with pytest.raises(
+        ValueError, match=REFUSALS[name].replace("NeuralInterpreterForImageClassification", ".*")
+    ):
+        run_digits.main(evaluate_args(checkpoints[name], tmp_path / "eval"))
+
+
+def test_run_digits_refuses_a_vit_config_with_a_neural_interpreters_weights(
+    checkpoints, no_data_loading, tmp_path
+):
+    mixed = shutil.copytree(checkpoints["vit"], tmp_path / "mixed")
+    shutil.copy(checkpoints["good"] / "model.safetensors", mixed / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=r"mixed/model.safetensors does not fit MultiTaskViTForImageClassification"
+    ):
+        run_digits.main(evaluate_args(mixed, tmp_path / "eval"))
+
+
+def test_allow_mismatched_weights_loads_them_with_a_warning(checkpoints, no_data_loading, tmp_path, caplog):
+    with pytest.raises(AssertionError, match="the datasets were loaded"):  # got past the weights
+        run_digits.main(
+            evaluate_args(checkpoints["other_config"], tmp_path / "eval", "--allow_mismatched_weights")
+        )
+    assert any("--allow_mismatched_weights: the missing and mismatched" in m for m in caplog.messages)
+    demo = demo_app.InterpreterDemo(str(checkpoints["bin"]), allow_mismatched_weights=True)
+    assert demo.model.config.hidden_size == 16
+
+
+def test_a_fitting_checkpoint_loads_with_its_trained_weights(checkpoints):
+    model = load_checked(ni_hf.NeuralInterpreterForImageClassification, str(checkpoints["good"]))
+    torch.manual_seed(0)
+    expected = ni_hf.NeuralInterpreterForImageClassification(ni_hf.NeuralInterpreterConfig(**NI_SETTINGS))
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_resume_points_are_complete_checkpoints(tmp_path):
+    for step, state in ((2, '{"global_step": 2}'), (4, '{"global_step": 4}'), (6, '{"global_st'), (8, None)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if state is not None:
+            (folder / "trainer_state.json").write_text(state)
+    assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-4")  # 6 truncated, 8 without
+    assert resolve_resume_checkpoint("last", str(tmp_path)) == str(tmp_path / "checkpoint-4")
+    assert resolve_resume_checkpoint(None, str(tmp_path)) is None
+    assert resolve_resume_checkpoint(str(tmp_path / "checkpoint-2"), "unused") == str(
+        tmp_path / "checkpoint-2"
+    )
+    with pytest.raises(ValueError, match="checkpoint-8: no trainer_state.json, so not a finished checkpoint"):
+        resolve_resume_checkpoint(str(tmp_path / "checkpoint-8"), "unused")
+    with pytest.raises(ValueError, match="no such folder"):
+        resolve_resume_checkpoint(str(tmp_path / "checkpoint-9"), "unused")
