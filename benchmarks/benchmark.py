@@ -4,12 +4,20 @@
 Models (``--models``):
 
 - ``ni``: ours, ``NeuralInterpreterForImageClassification(NeuralInterpreterConfig.from_paper(preset))`` with its
-  default attention implementation (after ``import ni_hf``: "fast" on a CPU);
+  attention implementation that is fastest there: "fast" (the package's CPU kernels) for the digits preset on a CPU,
+  else "sdpa" (the default; on PGM's sets of 10 tokens "sdpa" is the faster on a CPU too);
 - ``ni-eager``: the same weights with ``attn_implementation="eager"``, the literal Eq. 6;
 - ``ni-sdpa``: the same weights with ``attn_implementation="sdpa"`` (asked for by name);
 - ``vit``: ``transformers.ViTForImageClassification(ni_hf.vit_baseline_config())``, the paper's digits ViT;
 - ``authors``: the authors' ``NeuralInterpreter`` (nasimrahaman/neural-interpreter) built from its
   ``presets/<preset>.yml``, from a copy given with ``--authors-code DIR`` (needs einops, addict and pyyaml).
+
+``--preset pgm`` benchmarks the PGM models of section 4.3 instead: ``ni`` is
+``NeuralInterpreterForMultipleChoice(NeuralInterpreterConfig.from_paper("pgm", regime=...))`` and ``vit``
+the paper's ViT baseline on the same scaffolding,
+``MultiTaskViTForMultipleChoice(MultiTaskViTConfig.from_paper("pgm"))``. A sample is then a puzzle (8
+context panels and 8 candidates of 80x80, scored as 8 sets of 10 elements): FLOPs and rates are per puzzle
+(the report's ``settings.sample`` names the sample; the keys keep their ``image`` names).
 
 For each: parameters; forward FLOPs per image (``FlopCounterMode`` on the literal path, since fused kernels hide
 their FLOPs); images/s of inference (no grad, eval mode) and of training (forward, backward, RAdam step), with the
@@ -48,7 +56,15 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import ni_hf
-from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassification, vit_baseline_config
+from ni_hf import (
+    MultiTaskViTConfig,
+    MultiTaskViTForMultipleChoice,
+    NeuralInterpreterConfig,
+    NeuralInterpreterForImageClassification,
+    NeuralInterpreterForMultipleChoice,
+    vit_baseline_config,
+)
+from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PGM_REGIMES
 from ni_hf.models.neural_interpreter.modeling_neural_interpreter import patchify
 
 MODEL_KEYS = ("ni", "ni-eager", "ni-sdpa", "vit", "authors")
@@ -58,6 +74,7 @@ TRAINING_FLOPS_FACTOR = 3.0
 """Training FLOPs are counted as this many times the forward FLOPs (forward + backward ~ 2x forward)."""
 FLOP_BATCH = 2
 MIB = 2**20
+PGM = "pgm"  # the preset whose models are the multiple-choice heads and whose samples are puzzles
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -86,7 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
         "baseline and the authors' implementation.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--preset", default="digits", help="NeuralInterpreterConfig.from_paper preset.")
+    p.add_argument(
+        "--preset",
+        default="digits",
+        help="NeuralInterpreterConfig.from_paper preset: 'digits' (image classification) or 'pgm' (PGM "
+        "puzzles: the multiple-choice Neural Interpreter and ViT).",
+    )
+    p.add_argument(
+        "--regime",
+        default=None,
+        help="With --preset pgm: the PGM regime whose selection from_paper takes (DeepMind's names; default "
+        "neutral).",
+    )
     p.add_argument(
         "--override",
         action="append",
@@ -153,6 +181,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = [key for key in args.models if key not in MODEL_KEYS]
     if unknown or not args.models:
         parser.error(f"--models must name some of {list(MODEL_KEYS)}, got {unknown or args.models}.")
+    if args.regime is not None and args.preset != PGM:
+        parser.error(f"--regime applies to --preset {PGM} only, got --preset {args.preset}.")
+    if args.regime is not None and args.regime not in PGM_REGIMES:
+        parser.error(f"--regime {args.regime}: expected one of {list(PGM_REGIMES)}.")
+    if args.preset == PGM and "authors" in args.models:
+        parser.error(
+            f"--preset {PGM}: the authors' implementation is benchmarked on image classification only."
+        )
     if "authors" in args.models and not args.authors_code:
         parser.error(
             "the 'authors' model needs --authors-code DIR (a copy of nasimrahaman/neural-interpreter)."
@@ -215,6 +251,8 @@ class AuthorsClassifier(nn.Module):
 
 
 def ni_config(args: argparse.Namespace) -> NeuralInterpreterConfig:
+    if args.preset == PGM:
+        return NeuralInterpreterConfig.from_paper(PGM, regime=args.regime, **args.overrides)
     return NeuralInterpreterConfig.from_paper(args.preset, **args.overrides)
 
 
@@ -226,13 +264,23 @@ def build_model(key: str, args: argparse.Namespace, attn_implementation: str | N
     if key == "authors":
         model: nn.Module = AuthorsClassifier(args.authors_code, args.preset)
     elif key == "vit":
-        model = ViTForImageClassification(vit_baseline_config())
+        model = (
+            MultiTaskViTForMultipleChoice(MultiTaskViTConfig.from_paper(PGM))
+            if args.preset == PGM
+            else ViTForImageClassification(vit_baseline_config())
+        )
         model.set_attn_implementation(attn_implementation or "sdpa")
     else:
-        model = NeuralInterpreterForImageClassification(ni_config(args))
-        implementation = attn_implementation or {"ni-eager": "eager", "ni-sdpa": "sdpa"}.get(key)
-        if implementation is not None:
-            model.set_attn_implementation(implementation)
+        head = (
+            NeuralInterpreterForMultipleChoice
+            if args.preset == PGM
+            else NeuralInterpreterForImageClassification
+        )
+        model = head(ni_config(args))
+        named = {"ni-eager": "eager", "ni-sdpa": "sdpa"}.get(key)
+        # "ni": the package's CPU kernels where they pay (the digits preset on a CPU), else sdpa, the default.
+        fast = args.preset != PGM and torch.device(args.device).type == "cpu"
+        model.set_attn_implementation(attn_implementation or named or ("fast" if fast else "sdpa"))
     return model.to(args.device)
 
 
@@ -246,9 +294,18 @@ def batch_size_of(key: str, args: argparse.Namespace) -> int:
 
 
 def make_inputs(key: str, args: argparse.Namespace, batch_size: int, device: torch.device) -> dict[str, Any]:
-    """The same random images in [-1, 1] for every model (ours as patches), random labels and task ids."""
+    """The same random images in [-1, 1] for every model (ours as patches), random labels and task ids; for
+    PGM, random panels in [-1, 1] (the context panels, then the candidates) and random correct candidates."""
     config = ni_config(args)
     generator = torch.Generator().manual_seed(args.seed + 1)
+    if args.preset == PGM:
+        panels = config.num_context_panels + config.num_choices
+        shape = (batch_size, panels, config.panel_channels, config.panel_size, config.panel_size)
+        inputs = {
+            "pixel_values": torch.rand(shape, generator=generator).mul_(2).sub_(1),
+            "labels": torch.randint(0, config.num_choices, (batch_size,), generator=generator),
+        }
+        return {name: tensor.to(device) for name, tensor in inputs.items()}
     shape = (batch_size, config.num_channels, config.image_size, config.image_size)
     images = torch.rand(shape, generator=generator).mul_(2).sub_(1)
     labels = torch.randint(0, config.num_labels, (batch_size,), generator=generator)
@@ -473,6 +530,8 @@ def memory_child(args: argparse.Namespace) -> None:
 def child_argv(args: argparse.Namespace, key: str, mode: str) -> list[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--_measure-memory", key, mode, "--quiet"]
     argv += ["--preset", args.preset, "--device", str(args.device), "--dtype", args.dtype]
+    if args.regime is not None:
+        argv += ["--regime", args.regime]
     argv += ["--batch-size", str(args.batch_size), "--authors-batch-size", str(args.authors_batch_size)]
     argv += ["--seed", str(args.seed), "--lr", str(args.lr)]
     for item in args.override:
@@ -586,6 +645,8 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def markdown_report(report: dict[str, Any]) -> str:
     env, cfg = report["environment"], report["settings"]
+    sample = cfg.get("sample", "image")
+    unit = {"image": "img", "puzzle": "puzzle"}[sample]
     hardware = f"{env['cpu']}, {env['cpu_usable_cores']} usable cores, {env['torch_threads']} torch threads"
     if env["gpu"]:
         hardware += f"; GPU {env['gpu']}"
@@ -594,12 +655,14 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"{env['transformers']}; load average at the start {env['load_average']}.",
         f"`{env['command']}`",
         f"Batch {cfg['batch_size']}, {cfg['device']}, {cfg['dtype']}"
+        + (f", PGM puzzles (the {cfg['regime'] or 'neutral'} regime's models)" if sample == "puzzle" else "")
         + (f", torch.compile mode {cfg['compile_mode']}" if cfg["compile"] else "")
         + f"; {cfg['warmup']} warm-up round(s), {cfg['repeats']} repeats of {cfg['steps_per_repeat']} step(s), "
-        "the models taking turns; images/s as median [min–max]; training GFLOP/s counts 3x the forward FLOPs.",
+        f"the models taking turns; {sample}s/s as median [min–max]; training GFLOP/s counts 3x the forward "
+        "FLOPs.",
         "",
-        "| Model | Attention | Params | Fwd GFLOP/img | Inference img/s | Training img/s | Inference GFLOP/s "
-        "| Training GFLOP/s | Peak MiB inference | Peak MiB training |",
+        f"| Model | Attention | Params | Fwd GFLOP/{unit} | Inference {unit}/s | Training {unit}/s "
+        "| Inference GFLOP/s | Training GFLOP/s | Peak MiB inference | Peak MiB training |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["models"].items():
@@ -625,17 +688,19 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"{_fmt(ratios['inference_gflops_ours_over_vit'], 3)}, training "
         f"{_fmt(ratios['training_gflops_ours_over_vit'], 3)}; per CPU-second of this process: inference "
         f"{_fmt(ratios['inference_gflop_per_cpu_s_ours_over_vit'], 3)}, training "
-        f"{_fmt(ratios['training_gflop_per_cpu_s_ours_over_vit'], 3)}. Ours over the authors', images/s: inference "
-        f"{_fmt(ratios['inference_images_per_s_ours_over_authors'], 2)}, training "
+        f"{_fmt(ratios['training_gflop_per_cpu_s_ours_over_vit'], 3)}. Ours over the authors', {sample}s/s: "
+        f"inference {_fmt(ratios['inference_images_per_s_ours_over_authors'], 2)}, training "
         f"{_fmt(ratios['training_images_per_s_ours_over_authors'], 2)}.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("preset", "overrides", "models", "modes", "batch_size", "authors_batch_size", "dtype", "compile")
-    keys += ("compile_mode", "repeats", "warmup", "steps_per_repeat", "seed", "memory", "authors_code")
-    return {"device": str(args.device), "optimizer": f"RAdam(lr={args.lr})"} | {
+    keys = ("preset", "regime", "overrides", "models", "modes", "batch_size", "authors_batch_size", "dtype")
+    keys += ("compile", "compile_mode", "repeats", "warmup", "steps_per_repeat", "seed", "memory")
+    keys += ("authors_code",)
+    sample = "puzzle" if args.preset == PGM else "image"
+    return {"device": str(args.device), "optimizer": f"RAdam(lr={args.lr})", "sample": sample} | {
         k: getattr(args, k) for k in keys
     }
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 from transformers import HfArgumentParser, PretrainedConfig, Trainer, set_seed
 
 from ni_hf import (
@@ -68,6 +69,8 @@ ARCHITECTURES = {
 }
 RELATION_TYPES = META_TARGET_NAMES[7:]  # progression, XOR, OR, AND, consistent_union
 SPLITS = {"val": "in distribution", "test": "out of distribution"}
+# Generated training puzzles are prepared once in memory up to this size, else generated anew in every epoch.
+PREPARED_BYTES = 2 << 30
 
 
 @dataclass
@@ -219,6 +222,11 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
         raise ValueError(
             "--attn_implementation is the Neural Interpreter's; the ViT baseline runs transformers' own."
         )
+    if args.dataloader_persistent_workers and args.dataloader_num_workers > 0:
+        raise ValueError(
+            "--dataloader_persistent_workers true: Trainer keeps its first evaluation DataLoader, so test and every "
+            "step of the anytime curve would evaluate the val puzzles; leave it off."
+        )
     if data_args.regime not in PGM_REGIMES:
         raise ValueError(f"--regime {data_args.regime}: expected one of {sorted(PGM_REGIMES)}.")
 
@@ -236,17 +244,39 @@ def build_config(model_args: ModelArguments, regime: str) -> PretrainedConfig:
 @dataclass
 class PGMCollator:
     """Puzzles in the package's schema -> normalised panels, the correct candidates, and the relation types (kept
-    for the metrics). A class at module level, so that DataLoader workers started by spawn can unpickle it."""
+    for the metrics); puzzles prepared by `prepare_puzzles` are only stacked. A class at module level, so that
+    DataLoader workers started by spawn can unpickle it."""
 
     processor: NeuralInterpreterPanelProcessor
 
     def __call__(self, puzzles: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        panels = [puzzle["panels"] for puzzle in puzzles]
+        if "pixel_values" in puzzles[0]:
+            pixel_values = torch.stack([puzzle["pixel_values"] for puzzle in puzzles])
+        else:
+            pixel_values = self.processor([puzzle["panels"] for puzzle in puzzles], return_tensors="pt")[
+                "pixel_values"
+            ]
         return {
-            "pixel_values": self.processor(panels, return_tensors="pt")["pixel_values"],
+            "pixel_values": pixel_values,
             "labels": torch.tensor([int(puzzle["target"]) for puzzle in puzzles]),
             "meta_target": torch.from_numpy(np.stack([np.asarray(p["meta_target"]) for p in puzzles])).long(),
         }
+
+
+def prepare_puzzles(
+    dataset: Any, processor: NeuralInterpreterPanelProcessor, what: str
+) -> list[dict[str, Any]]:
+    """Every puzzle generated and through the processor once, kept in memory: generated puzzles are the same in
+    every epoch and evaluation, so neither is redone."""
+    puzzles = []
+    for start in tqdm(range(0, len(dataset), 256), desc=f"Preparing the {what} puzzles", unit="batch"):
+        batch = [dataset[i] for i in range(start, min(start + 256, len(dataset)))]
+        pixel_values = processor([puzzle["panels"] for puzzle in batch], return_tensors="pt")["pixel_values"]
+        puzzles += [
+            {"pixel_values": pixels, "target": puzzle["target"], "meta_target": puzzle["meta_target"]}
+            for pixels, puzzle in zip(pixel_values, batch, strict=True)
+        ]
+    return puzzles
 
 
 class PGMTrainer(Trainer):
@@ -397,6 +427,12 @@ def run(
         split: load_split(data_args, split, config.panel_size, data_args.num_eval_puzzles, seeds[split])
         for split in SPLITS
     }
+    if (
+        data_args.dataset_source == "generated"
+    ):  # generated once, not again at every evaluation (anytime curve)
+        evaluation = {
+            split: [dataset[i] for i in range(len(dataset))] for split, dataset in evaluation.items()
+        }
     sizes = {
         split: len(dataset)
         for split, dataset in {"train": train, **evaluation}.items()
@@ -407,6 +443,13 @@ def run(
         size={"height": config.panel_size, "width": config.panel_size}
     )
     collator = PGMCollator(processor)
+    if data_args.dataset_source == "generated":
+        panel_bytes = 4 * config.num_panels * config.panel_size**2  # float32 pixel values of one puzzle
+        if train is not None and len(train) * panel_bytes < PREPARED_BYTES:
+            train = prepare_puzzles(train, processor, "training")
+        evaluation = {
+            split: prepare_puzzles(dataset, processor, split) for split, dataset in evaluation.items()
+        }
 
     # Trainer
     args.label_names = ["labels", "meta_target"]

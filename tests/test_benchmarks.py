@@ -122,6 +122,49 @@ def test_a_tiny_run_measures_every_model_in_both_modes(bench: ModuleType, tmp_pa
         assert needle in text
 
 
+def test_the_pgm_preset_measures_the_multiple_choice_models_per_puzzle(bench: ModuleType) -> None:
+    """--preset pgm: the paper's PGM Neural Interpreter and ViT taking turns; FLOPs, rates and memory per puzzle."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ni_hf import MultiTaskViTConfig, MultiTaskViTForMultipleChoice
+
+    report = bench.main(["--preset", "pgm", "--models", "ni", "vit", *TINY, "--memory", "inprocess"])
+    assert report["settings"]["sample"] == "puzzle" and report["settings"]["regime"] is None
+    models = report["models"]
+    assert list(models) == ["ni", "vit"]
+    vit = MultiTaskViTForMultipleChoice(MultiTaskViTConfig.from_paper("pgm")).eval()
+    vit.set_attn_implementation("eager")  # the literal attention, on which the benchmark counts FLOPs
+    assert models["vit"]["parameters"]["total"] == vit.num_parameters()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        vit(pixel_values=torch.zeros(1, 16, 1, 80, 80))  # one puzzle
+    assert models["vit"]["forward_flops_per_image"] == counter.get_total_flops()
+    assert models["ni"]["forward_flops_per_image"] > 0
+    for result in models.values():
+        assert result["batch_size"] == 2
+        for mode in ("inference", "training"):
+            assert result[mode]["images_per_s_median"] > 0 and result["memory"][mode]["peak_mib"] >= 0
+        assert result["achieved_gflops"]["training"] == pytest.approx(
+            3 * result["forward_flops_per_image"] * result["training"]["images_per_s_median"] / 1e9
+        )
+    assert report["ratios"]["training_gflops_ours_over_vit"] > 0
+    text = bench.markdown_report(report)
+    for needle in (
+        "| Fwd GFLOP/puzzle | Inference puzzle/s | Training puzzle/s |",
+        "PGM puzzles (the neutral",
+    ):
+        assert needle in text
+
+    args = bench.parse_args(["--preset", "pgm", "--regime", "attr.rels"])
+    assert bench.ni_config(args).type_dim == 24  # the regime's selection
+    child = bench.parse_args(bench.child_argv(args, "ni", "training")[2:])
+    assert (child.preset, child.regime) == ("pgm", "attr.rels")
+    for bad in (["--regime", "neutral"], ["--preset", "pgm", "--regime", "held-out"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--preset", "pgm", "--models", "ni", "authors", "--authors-code", "."])
+
+
 def test_the_authors_model_runs_from_a_given_copy_at_its_own_batch_size(
     bench: ModuleType, authors_code: Path
 ) -> None:

@@ -33,6 +33,7 @@ def test_a_quick_run_reports_val_test_per_relation_and_the_anytime_curve(quick_r
         assert metrics["num_samples"] == 32 and 0.0 <= metrics["accuracy"] <= 1.0
         # Every puzzle holds one relation (max_triples 1): the per-relation counts add up to the split.
         assert sum(metrics[f"num_samples_{name}"] for name in RELATIONS) == 32
+    assert results["val"]["loss"] != results["test"]["loss"]  # each split evaluated on its own puzzles
     assert [row["function_iterations"] for row in results["anytime"]] == [1, 2]
     assert results["anytime"][-1]["test_accuracy"] == pytest.approx(results["test"]["accuracy"])
     card = (quick_run / "README.md").read_text()
@@ -73,6 +74,10 @@ def test_the_vit_baseline_runs_on_the_same_scaffolding(tmp_path):
         (["--preset", "gpu"], "--preset 'gpu': expected one of"),
         (["--regime", "everything"], "invalid choice"),
         (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be at least 1"),
+        (
+            ["--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true"],
+            "evaluate the val puzzles",
+        ),
     ],
 )
 def test_arguments_that_cannot_be_meant_are_refused_by_name_before_any_work(tmp_path, capsys, argv, message):

@@ -51,23 +51,23 @@ class MultiTaskViTEmbeddings(nn.Module):
 
     def embed_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images or (B, num_patches, patch_dim) patches -> (B, num_patches, d)."""
-        c = self.config
+        config = self.config
         projection = self.patch_embeddings.projection
         if pixel_values.dim() == 4:
-            if pixel_values.shape[1:] != (c.num_channels, c.image_size, c.image_size):
+            if pixel_values.shape[1:] != (config.num_channels, config.image_size, config.image_size):
                 raise ValueError(
-                    f"Images must have shape (batch, {c.num_channels}, {c.image_size}, {c.image_size}), got "
+                    f"Images must have shape (batch, {config.num_channels}, {config.image_size}, {config.image_size}), got "
                     f"{tuple(pixel_values.shape)}; resize them with NeuralInterpreterImageProcessor."
                 )
             return self.patch_embeddings(pixel_values.to(projection.weight.dtype))
-        if pixel_values.dim() != 3 or pixel_values.shape[1:] != (c.num_patches, c.patch_dim):
+        if pixel_values.dim() != 3 or pixel_values.shape[1:] != (config.num_patches, config.patch_dim):
             raise ValueError(
-                f"`pixel_values` must be images (batch, {c.num_channels}, {c.image_size}, {c.image_size}) or patches "
-                f"(batch, {c.num_patches}, {c.patch_dim}), got {tuple(pixel_values.shape)}."
+                f"`pixel_values` must be images (batch, {config.num_channels}, {config.image_size}, {config.image_size}) or patches "
+                f"(batch, {config.num_patches}, {config.patch_dim}), got {tuple(pixel_values.shape)}."
             )
         # Patches come flattened as (row, col, channel), the image processor's layout: the convolution's
         # (out, channel, row, col) kernel read in that order is the same projection as on the image.
-        weight = projection.weight.permute(0, 2, 3, 1).reshape(c.hidden_size, c.patch_dim)
+        weight = projection.weight.permute(0, 2, 3, 1).reshape(config.hidden_size, config.patch_dim)
         return F.linear(pixel_values.to(weight.dtype), weight, projection.bias)
 
     def forward(
