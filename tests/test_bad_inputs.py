@@ -1,5 +1,5 @@
 """Bad inputs to the configs, the image processor and the digits loader: each gives a clear error naming what was
-expected (issue 57, items 1, 2, 3, 8 and 9). One table; each row builds its input under a temporary folder."""
+expected. One table; each row builds its input under a temporary folder."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def high_depth(values: np.ndarray) -> PIL.Image.Image:
 
 
 CASES: dict[str, tuple[Callable[[Path], Any], type[Exception], str]] = {
-    # item 3: configs
+    # configs
     "config misspelt keyword": (
         lambda _: NeuralInterpreterConfig(hiden_size=32),
         TypeError,
@@ -98,7 +98,7 @@ CASES: dict[str, tuple[Callable[[Path], Any], type[Exception], str]] = {
         ValueError,
         r"`num_labels` must be a positive integer.*got 0",
     ),
-    # item 2: image processor
+    # the image processor
     "0x0 PIL image": (
         lambda _: NeuralInterpreterImageProcessor()(PIL.Image.new("RGB", (0, 0))),
         ValueError,
@@ -129,7 +129,7 @@ CASES: dict[str, tuple[Callable[[Path], Any], type[Exception], str]] = {
         ValueError,
         r"mode 'F' contains NaN or infinite values",
     ),
-    # item 9: empty splits
+    # empty splits
     "max_train_samples 0": (
         lambda root: load_digits_tasks(["mnist"], data_dir=digits_data(root), max_train_samples=0),
         ValueError,
@@ -167,7 +167,7 @@ CASES: dict[str, tuple[Callable[[Path], Any], type[Exception], str]] = {
         ValueError,
         r"The train split of task 'mnist' has no usable rows",
     ),
-    # items 1 and 8: image folders and bad files
+    # image folders and undecodable files
     "class folder not a digit": (
         lambda root: load_digits_tasks(
             ["kmnist"], data_dir=image_folder(root, {"train": {"1": 1, "seven": 1}})

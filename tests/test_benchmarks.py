@@ -78,7 +78,7 @@ def authors_code(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_forward_flops_of_the_digits_preset_stay_within_the_target(bench: ModuleType) -> None:
-    """Issue 54's invariant: at most 2.2 GFLOP per image forward (the authors' implementation: 3.55)."""
+    """At most 2.2 GFLOP per image forward (the authors' implementation: 3.55)."""
     flops = bench.forward_flops_per_image(bench.parse_args([]))
     assert 1.0e9 < flops <= 2.2e9, f"forward FLOPs per image: {flops / 1e9:.3f} G"
 

@@ -12,8 +12,8 @@ from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForImageClassificati
 @pytest.fixture(autouse=True)
 def _fresh_dynamo_cache():
     """Each test compiles from scratch: dynamo keeps at most 8 compiled versions of a code object (recompile_limit),
-    and this file's tests together compile the model's forward more often than that (on an H200, 2026-11-28, the
-    fifth parametrisation of the bf16 training-step test failed with "recompile limit exceeded" under fullgraph)."""
+    and this file's tests together compile the model's forward more often than that, which under fullgraph is an
+    error ("recompile limit exceeded")."""
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -29,24 +29,23 @@ def _digits_model(**overrides) -> NeuralInterpreterForImageClassification:
 def _untruncated_digits_model(**overrides) -> NeuralInterpreterForImageClassification:
     """For comparing two executions numerically: the kernel's truncation (Eq. 3) jumps from exp(-tau/sigma) to 0,
     so a pair whose distance sits within rounding of tau flips between executions that round differently and
-    changes everything downstream of it (seen on an H100 with bf16). tau = 1.99 keeps the same code path but
-    leaves no pair near the threshold. (The torch 2.11 aot_eager mismatch once put down to this was the in-place
-    output below.)"""
+    changes everything downstream of it (bf16 on a GPU is enough). tau = 1.99 keeps the same code path but leaves
+    no pair near the threshold."""
     return _digits_model(truncation_tau=1.99, **overrides)
 
 
 def test_digits_preset_forward_has_no_graph_breaks():
     import torch._dynamo as dynamo
 
-    model = _digits_model().train()  # training mode: the custom autograd Functions are on the path
+    model = _digits_model().train()  # the forward that a compiled training step traces
     explanation = dynamo.explain(model)(pixel_values=torch.randn(2, 3, 32, 32))
     assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
     assert explanation.graph_count == 1
 
 
 def test_multitask_training_forward_with_task_ids_and_labels_has_no_graph_breaks():
-    """The forward run_digits.py compiles: three tasks, each sample's task id and label. The task-id range check
-    (a data-dependent branch, and a host sync) broke it into four graphs until 2026-11-28."""
+    """The forward run_digits.py compiles: three tasks, each sample's task id and label, in one graph (the task-id
+    range check, a data-dependent branch and a host sync, stays out of compiled graphs)."""
     import torch._dynamo as dynamo
 
     model = _digits_model(task_names=["mnist", "mnistm", "svhn"]).train()
@@ -84,16 +83,15 @@ def test_compiled_training_compiles_once_for_steps_of_one_shape():
     assert model.config.problem_type == "single_label_classification"
 
 
+# The second case's second LOC reads each function's own stream, not the shared x that a first LOC reads.
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"attn_implementation": "eager", "num_loc_layers": 2}],
-    ids=["digits", "eager-attention-two-locs"],  # the second runs _GatedModLin, which the first does not
+    ids=["digits", "eager-attention-two-locs"],
 )
 def test_fullgraph_compile_matches_eager_in_outputs_and_gradients(overrides):
-    """aot_eager traces forward and backward (the custom Functions included) without needing a C++ compiler.
-
-    On torch 2.11 this caught custom Functions whose output was written in place or with out=: traced, such an
-    output got no gradient (every upstream gradient wrong), so they return a fresh tensor while compiling."""
+    """aot_eager traces forward and backward without needing a C++ compiler; a traced output written in place or
+    with out= would get no gradient, and every gradient upstream of it would differ from eager execution."""
     model = _untruncated_digits_model(**overrides).train()
     inputs = {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([3, 7])}
     results = []

@@ -327,7 +327,7 @@ def test_data_dir_alone_means_local_data_in_the_library_too(tmp_path) -> None:
         resolve_dataset_source("", None)
 
 
-# --------------------------------------------------------------------------- bad data (issue 57, items 1, 8, 9)
+# -------------------------------------------------------------------------------------------------- bad data
 
 
 def _image_folders(root: Path, layout: dict[str, dict[str, int]], size: int = 28) -> Path:

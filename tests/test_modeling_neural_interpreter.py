@@ -82,7 +82,7 @@ def test_paper_digits_preset_parameter_count():
 
 
 def test_a_single_image_costs_the_digits_presets_forward_flops_of_an_image_in_a_batch():
-    """Batch 1 (as under `pipeline`) within the issue's 2.2 GFLOP per image; it was 3.5 with the bilinear form."""
+    """Batch 1 (as under `pipeline`): at most 2.2 GFLOP per image (the authors' implementation: 3.55)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = NeuralInterpreterForImageClassification(NeuralInterpreterConfig.from_paper("digits")).eval()
@@ -791,7 +791,7 @@ def test_routing_density_restores_the_callers_training_mode(tester):
     assert model.training
 
 
-# --- robustness of the public API (found by an audit as a transformers user) ------------------------------
+# --- robustness of the public API ------------------------------------------------------------------------
 
 
 def test_refused_reset_tasks_leaves_the_model_unchanged(tester):
@@ -996,7 +996,7 @@ def test_a_meta_device_model_runs_a_shape_only_forward_and_backward(tester):
     out.loss.backward()
 
 
-# --- a refused or degenerate call: a clear error or warning, and nothing changed (issue 57) ----------------
+# --- a refused or degenerate call: a clear error or warning, and nothing changed ---------------------------
 
 
 @pytest.mark.parametrize(

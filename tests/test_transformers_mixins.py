@@ -1,6 +1,6 @@
 """transformers' own generic tests (`ModelTesterMixin`, `ConfigTester`, `ImageProcessingTestMixin`) run against the
 Neural Interpreter image classifier, its backbone, its config and its image processor, with tiny configs, as
-transformers' ViT tests do (issue 57, item 13).
+transformers' ViT tests do.
 
 The mixins are not in the transformers wheel: they are taken from the source distribution of the installed version,
 fetched once with `pip download --no-binary :all: --no-deps transformers==<version>` into

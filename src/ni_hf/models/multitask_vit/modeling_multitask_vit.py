@@ -31,6 +31,7 @@ from .input_checks import (
     check_not_empty,
     check_tensor,
     cross_entropy_loss,
+    resolve_task_ids,
     validate_task_names,
 )
 from .panel_embedding import PanelEmbedding
@@ -248,36 +249,6 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         )
 
 
-def _resolve_task_ids(
-    task_ids: torch.Tensor | None, config: MultiTaskViTConfig, batch_size: int, device
-) -> torch.Tensor:
-    """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
-    # The Neural Interpreter's rule and messages, repeated so that a checkpoint's code needs no NI module.
-    if task_ids is None:
-        return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
-    task_ids = torch.as_tensor(task_ids, device=device)
-    if task_ids.is_floating_point() or task_ids.is_complex() or task_ids.dtype == torch.bool:
-        raise ValueError(f"`task_ids` must be integer task indices, got {task_ids.dtype} values.")
-    task_ids = task_ids.long().reshape(-1)
-    if task_ids.numel() == 1 and batch_size > 1:
-        task_ids = task_ids.expand(batch_size)
-    if task_ids.shape[0] != batch_size:
-        raise ValueError(
-            f"`task_ids` must have one entry per sample ({batch_size}), got {task_ids.shape[0]}."
-        )
-    # One host sync in eager execution; none when compiling (a data-dependent branch would break the graph).
-    if (
-        task_ids.numel()
-        and not task_ids.is_meta
-        and not torch.compiler.is_compiling()
-        and bool(((task_ids < 0) | (task_ids >= config.num_tasks)).any())
-    ):
-        raise ValueError(
-            f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
-        )
-    return task_ids
-
-
 class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
     """Multi-task image classifier: each sample's task id picks its CLS token output and its head."""
 
@@ -339,7 +310,7 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         )
         pooled = outputs.pooler_output  # (B, T, d)
         rows = torch.arange(pooled.shape[0], device=pooled.device)
-        task_ids = _resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
+        task_ids = resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
         own_token = pooled[rows, task_ids]  # (B, d)
         if len(self.classifier) == 1:
             logits = self.classifier[0](own_token)

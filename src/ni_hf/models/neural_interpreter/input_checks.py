@@ -471,3 +471,28 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, what: str) ->
         )
     losses = F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100)
     return losses / (labels != -100).sum().clamp_min(1)
+
+
+def resolve_task_ids(task_ids: Any, config: Any, batch_size: int, device: torch.device) -> torch.Tensor:
+    """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
+    if task_ids is None:
+        return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
+    task_ids = torch.as_tensor(task_ids, device=device)
+    if task_ids.is_floating_point() or task_ids.is_complex() or task_ids.dtype == torch.bool:
+        raise ValueError(f"`task_ids` must be integer task indices, got {task_ids.dtype} values.")
+    if task_ids.dim() > 1 or (task_ids.dim() == 1 and task_ids.shape[0] not in (1, batch_size)):
+        raise ValueError(
+            f"`task_ids` must be one task index, or a 1-D tensor with one per sample ({batch_size}), got shape "
+            f"{tuple(task_ids.shape)}."
+        )
+    task_ids = task_ids.long().reshape(-1).expand(batch_size)
+    # One host sync in eager execution; none when compiling (a data-dependent branch would break the graph).
+    if (
+        not task_ids.is_meta
+        and not torch.compiler.is_compiling()
+        and bool(((task_ids < 0) | (task_ids >= config.num_tasks)).any())
+    ):
+        raise ValueError(
+            f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
+        )
+    return task_ids

@@ -37,7 +37,14 @@ from transformers.utils.generic import GeneralInterface, can_return_tuple
 
 from .configuration_neural_interpreter import NeuralInterpreterConfig, validate_task_names
 from .image_processing_neural_interpreter import patchify
-from .input_checks import check_forward, check_not_empty, check_tensor, cross_entropy_loss, index_list
+from .input_checks import (
+    check_forward,
+    check_not_empty,
+    check_tensor,
+    cross_entropy_loss,
+    index_list,
+    resolve_task_ids,
+)
 from .panel_embedding import PanelEmbedding
 
 logger = logging.get_logger(__name__)
@@ -953,33 +960,6 @@ class TaskHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(self.norm(x))
-
-
-def resolve_task_ids(
-    task_ids: Any, config: NeuralInterpreterConfig, batch_size: int, device: torch.device
-) -> torch.Tensor:
-    """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
-    if task_ids is None:
-        return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
-    task_ids = torch.as_tensor(task_ids, device=device)
-    if task_ids.is_floating_point() or task_ids.is_complex() or task_ids.dtype == torch.bool:
-        raise ValueError(f"`task_ids` must be integer task indices, got {task_ids.dtype} values.")
-    if task_ids.dim() > 1 or (task_ids.dim() == 1 and task_ids.shape[0] not in (1, batch_size)):
-        raise ValueError(
-            f"`task_ids` must be one task index, or a 1-D tensor with one per sample ({batch_size}), got shape "
-            f"{tuple(task_ids.shape)}."
-        )
-    task_ids = task_ids.long().reshape(-1).expand(batch_size)
-    # One host sync in eager execution; none when compiling (a data-dependent branch would break the graph).
-    if (
-        not task_ids.is_meta
-        and not torch.compiler.is_compiling()
-        and bool(((task_ids < 0) | (task_ids >= config.num_tasks)).any())
-    ):
-        raise ValueError(
-            f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
-        )
-    return task_ids
 
 
 class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
