@@ -103,7 +103,7 @@ def model_task_id(config: ni_hf.NeuralInterpreterConfig, task: str | None, datas
         if name.isdigit() and int(name) < len(config.task_names):
             return int(name)
         if name is task:
-            raise SystemExit(f"--task {name!r} is not one of the model's tasks {list(config.task_names)}.")
+            raise ValueError(f"--task {name!r} is not one of the model's tasks {list(config.task_names)}.")
     return 0
 
 
@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
         source = None if args.images else dataset_source(args)
         model_class = ni_hf.NeuralInterpreterForImageClassification
         model = load_checked(model_class, path, args.allow_mismatched_weights, option="--model").eval()
+        task_id = model_task_id(model.config, args.task, args.dataset)
     processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(path)
-    task_id = model_task_id(model.config, args.task, args.dataset)
 
     if args.images:
         names = list(args.images)

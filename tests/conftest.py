@@ -1,19 +1,49 @@
 """Shared test settings and the tiny-model tester (transformers' ModelTester pattern)."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
 import pytest
 import torch
 
 from ni_hf import (
+    MultiTaskViTConfig,
     NeuralInterpreterConfig,
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForMultipleChoice,
     NeuralInterpreterForSetRegression,
+    NeuralInterpreterImageProcessor,
     NeuralInterpreterModel,
 )
 
 # Tiny test models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP threads that wait
 # for each other can make a millisecond op take seconds.
 torch.set_num_threads(1)
+
+# What a digits checkpoint reads: the image processor's 32 x 32 RGB images (in 8 x 8 patches, to stay tiny), ten
+# labels named by their digit, and one script, as in the paper's digits models.
+DIGITS_LIKE = dict(
+    num_scripts=1,
+    num_function_iterations=2,
+    image_size=32,
+    patch_size=8,
+    task_names=["mnist", "mnistm"],
+    num_labels=10,
+    id2label={i: str(i) for i in range(10)},
+)
+
+# The settings a multi-task ViT takes from the tester; its depth and MLP are the ViT's own.
+VIT_SHARED_SETTINGS = (
+    "hidden_size",
+    "num_attention_heads",
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "task_names",
+    "num_labels",
+    "id2label",
+)
 
 
 class NeuralInterpreterModelTester:
@@ -41,8 +71,40 @@ class NeuralInterpreterModelTester:
         )
         self.settings.update(overrides)
 
+    @classmethod
+    def digits_like(cls, batch_size: int = 3, **overrides) -> NeuralInterpreterModelTester:
+        """A tester whose models read what a digits checkpoint reads (`DIGITS_LIKE`), at the tester's sizes."""
+        return cls(batch_size, **{**DIGITS_LIKE, **overrides})
+
     def get_config(self, **overrides) -> NeuralInterpreterConfig:
         return NeuralInterpreterConfig(**{**self.settings, **overrides})
+
+    def get_set_regression_config(self, **overrides) -> NeuralInterpreterConfig:
+        """A tiny set-regression config: three fuzzy-Boolean-style tasks of one output each, no positional bias."""
+        regression = dict(use_relative_positional_bias=False, task_names=["f0", "f1", "f2"], num_labels=1)
+        return self.get_config(**{**regression, **overrides})
+
+    def get_vit_config(self, **overrides) -> MultiTaskViTConfig:
+        """A tiny multi-task ViT (one layer) with the tester's width, images, patches, tasks and labels."""
+        shared = {key: self.settings[key] for key in VIT_SHARED_SETTINGS if key in self.settings}
+        return MultiTaskViTConfig(**{**shared, "num_hidden_layers": 1, "intermediate_size": 16, **overrides})
+
+    def get_image_processor(
+        self, config: NeuralInterpreterConfig | MultiTaskViTConfig
+    ) -> NeuralInterpreterImageProcessor:
+        """The image processor that turns images into `config`'s inputs (its image size and patches)."""
+        size = {"height": config.image_size, "width": config.image_size}
+        return NeuralInterpreterImageProcessor(size=size, patch_size=config.patch_size)
+
+    def save_image_classifier(
+        self, path: Path, config: NeuralInterpreterConfig | None = None, seed: int = 0
+    ) -> Path:
+        """Save a seeded, untrained image classifier of `config` (default: `get_config()`) and its image processor."""
+        config = self.get_config() if config is None else config
+        torch.manual_seed(seed)
+        NeuralInterpreterForImageClassification(config).save_pretrained(path)
+        self.get_image_processor(config).save_pretrained(path)
+        return path
 
     def get_pgm_config(self, **overrides) -> NeuralInterpreterConfig:
         """A tiny multiple-choice config: 16 x 16 panels through 2 stride-2 convolutions, no positional bias."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import _scripts
 import pytest
 import torch
+from conftest import NeuralInterpreterModelTester
 
 import ni_hf
 from ni_hf.training.checkpoints import last_complete_checkpoint, load_checked, resolve_resume_checkpoint
@@ -20,27 +21,15 @@ run_digits = _scripts.load_script(ROOT / "examples" / "run_digits.py", "run_digi
 visualize_routing = _scripts.load_script(ROOT / "examples" / "visualize_routing.py", "visualize_routing")
 demo_app = _scripts.load_script(ROOT / "demo" / "app.py", "ni_demo_app")
 
-NI_SETTINGS = dict(
-    hidden_size=16, code_dim=8, num_function_iterations=1, num_functions=2, num_attention_heads=2,
-    attention_head_size=4, type_inference_hidden_size=8, type_dim=4, patch_size=8,
-    task_names=["mnist", "mnistm"], num_labels=10, id2label={i: str(i) for i in range(10)},
-)  # fmt: skip
+TESTER = NeuralInterpreterModelTester.digits_like()
 
 
 def save_ni(path: Path, **overrides) -> Path:
-    torch.manual_seed(0)
-    config = ni_hf.NeuralInterpreterConfig(**{**NI_SETTINGS, **overrides})
-    ni_hf.NeuralInterpreterForImageClassification(config).save_pretrained(path)
-    ni_hf.NeuralInterpreterImageProcessor(patch_size=config.patch_size).save_pretrained(path)
-    return path
+    return TESTER.save_image_classifier(path, TESTER.get_config(**overrides))
 
 
 def tiny_vit() -> ni_hf.MultiTaskViTForImageClassification:
-    config = ni_hf.MultiTaskViTConfig(
-        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, patch_size=8,
-        task_names=["mnist", "mnistm"], num_labels=10,
-    )  # fmt: skip
-    return ni_hf.MultiTaskViTForImageClassification(config)
+    return ni_hf.MultiTaskViTForImageClassification(TESTER.get_vit_config())
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +39,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     good = save_ni(root / "good")
     vit = root / "vit"
     tiny_vit().save_pretrained(vit)
-    ni_hf.NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(vit)
+    TESTER.get_image_processor(TESTER.get_vit_config()).save_pretrained(vit)
     other = shutil.copytree(good, root / "other_config")  # the weights of a wider model under this config
     shutil.copy(save_ni(root / "wide", hidden_size=24) / "model.safetensors", other / "model.safetensors")
     truncated = shutil.copytree(good, root / "truncated")
@@ -134,13 +123,13 @@ def test_allow_mismatched_weights_loads_them_with_a_warning(checkpoints, no_data
         )
     assert any("--allow_mismatched_weights: the missing and mismatched" in m for m in caplog.messages)
     demo = demo_app.InterpreterDemo(str(checkpoints["bin"]), allow_mismatched_weights=True)
-    assert demo.model.config.hidden_size == 16
+    assert demo.model.config.hidden_size == TESTER.settings["hidden_size"]
 
 
 def test_a_fitting_checkpoint_loads_with_its_trained_weights(checkpoints):
     model = load_checked(ni_hf.NeuralInterpreterForImageClassification, str(checkpoints["good"]))
     torch.manual_seed(0)
-    expected = ni_hf.NeuralInterpreterForImageClassification(ni_hf.NeuralInterpreterConfig(**NI_SETTINGS))
+    expected = ni_hf.NeuralInterpreterForImageClassification(TESTER.get_config())
     for name, tensor in expected.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
 

@@ -1,8 +1,8 @@
 """Trainer.predict keeps every batch's logits when the model returns them in a buffer its next call overwrites.
 
-A model run through CUDA graphs does exactly that (its outputs are static buffers that each replay rewrites); on an
-H200 (2026-11-28) the fuzzy-Boolean adaptation's Trainer.predict then failed. This CPU stand-in returns one reused
-buffer, so the plain Trainer silently loses the earlier batches while the mixin keeps them.
+A model run through CUDA graphs does exactly that (its outputs are static buffers that each replay rewrites). This
+CPU stand-in returns one reused buffer, so the plain Trainer silently loses the earlier batches while the mixin
+keeps them.
 """
 
 from __future__ import annotations

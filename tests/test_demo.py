@@ -1,12 +1,14 @@
 """demo/app.py without a browser: the digit preparation, and that the shown numbers are the model's own."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import NeuralInterpreterModelTester
 from PIL import Image
 
 import ni_hf
@@ -28,17 +30,7 @@ app = load_app()
 quickstart = sys.modules["quickstart"]  # demo/quickstart.py, imported by the app
 
 
-def save_tiny_checkpoint(path: Path) -> Path:
-    """A tiny random Neural Interpreter (3 functions, 2 function iterations, 4x4 patches) and its processor."""
-    torch.manual_seed(0)
-    config = ni_hf.NeuralInterpreterConfig(
-        hidden_size=16, code_dim=8, num_function_iterations=2, num_functions=3, num_attention_heads=2,
-        attention_head_size=4, type_inference_hidden_size=8, type_dim=4, patch_size=8,
-        task_names=["mnist", "mnistm"], num_labels=10, id2label={i: str(i) for i in range(10)},
-    )  # fmt: skip
-    ni_hf.NeuralInterpreterForImageClassification(config).save_pretrained(path)
-    ni_hf.NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(path)
-    return path
+TESTER = NeuralInterpreterModelTester.digits_like()  # 3 functions, 2 function iterations
 
 
 def dark_on_light_digit() -> Image.Image:
@@ -67,7 +59,7 @@ def test_prepare_digit_reads_drawings_from_alpha():
 
 
 def test_demo_shows_the_models_prediction_and_path(tmp_path):
-    ckpt = save_tiny_checkpoint(tmp_path / "ckpt")
+    ckpt = TESTER.save_image_classifier(tmp_path / "ckpt")
     demo = app.InterpreterDemo(str(ckpt))
     assert demo.task_names == ["mnist", "mnistm"] and demo.max_iterations == 2 and demo.num_functions == 3
     image = dark_on_light_digit()
@@ -103,7 +95,7 @@ def test_model_resolution(tmp_path, monkeypatch):
     assert app.resolve_model("local/ckpt") == ("local/ckpt", "Model: `local/ckpt`.")
     assert app.resolve_model(None)[0] == "some/hub-id"
     monkeypatch.delenv("NI_DEMO_MODEL")
-    trained = save_tiny_checkpoint(tmp_path / "quickstart")
+    trained = TESTER.save_image_classifier(tmp_path / "quickstart")
     monkeypatch.setattr(app, "README_QUICKSTART", trained)
     path, note = app.resolve_model(None)
     assert path == str(trained) and "the README's quickstart model" in note
@@ -138,7 +130,10 @@ def test_the_demos_model_is_the_quickstart_presets(tmp_path):
     result = quickstart.train_quickstart_model(
         tmp_path / "quickstart", ["--max_steps", "2", "--max_eval_samples", "20"]
     )
+    run = json.loads((tmp_path / "quickstart" / "all_results.json").read_text())
+    assert result == {"test_accuracy": run["eval_accuracy"], "train_seconds": run["train_runtime"]}
     assert 0 <= result["test_accuracy"] <= 1 and result["train_seconds"] > 0
+    assert json.loads((tmp_path / "quickstart" / "trainer_state.json").read_text())["global_step"] == 2
     config = ni_hf.NeuralInterpreterConfig.from_pretrained(tmp_path / "quickstart")
     assert {key: getattr(config, key) for key in preset.config} == dict(preset.config)
     assert config.hidden_dropout_prob == config.attention_probs_dropout_prob == 0
@@ -162,14 +157,14 @@ def test_the_demos_model_is_the_quickstart_presets(tmp_path):
     ],
 )
 def test_the_demo_names_a_bad_input(tmp_path, call, error):
-    demo = app.InterpreterDemo(str(save_tiny_checkpoint(tmp_path / "ckpt")))
+    demo = app.InterpreterDemo(str(TESTER.save_image_classifier(tmp_path / "ckpt")))
     with pytest.raises(ValueError, match=error):
         call(demo)
 
 
 def test_app_builds(tmp_path):
     pytest.importorskip("gradio")
-    demo = app.InterpreterDemo(str(save_tiny_checkpoint(tmp_path / "ckpt")))
+    demo = app.InterpreterDemo(str(TESTER.save_image_classifier(tmp_path / "ckpt")))
     blocks = app.build_app(demo, "note")
     ids = {getattr(block, "elem_id", None) for block in blocks.blocks.values()}
     assert {"upload", "sketch", "task", "iterations", "off", "summary", "prediction", "path"} <= ids

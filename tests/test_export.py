@@ -17,12 +17,11 @@ from ni_hf import (
 BATCH = Dim("batch", min=1, max=1024)
 
 
-def _image_model(form: str = "qk") -> NeuralInterpreterForImageClassification:
-    """The tester's tiny config (q and k), or the digits preset's sizes in one function iteration ("bilinear"):
-    its first LOC takes the bilinear form from batch 3 on when run eagerly, so a dynamic batch must not make that
-    choice (it would narrow the batch sizes the exported graph accepts)."""
+def _image_model(form: str = "tester") -> NeuralInterpreterForImageClassification:
+    """The tester's tiny config, or ("digits") the paper's digits sizes (64 patches, d = 192, relative positional
+    bias) in one function iteration of two functions."""
     torch.manual_seed(0)
-    if form == "bilinear":
+    if form == "digits":
         config = NeuralInterpreterConfig.from_paper(
             "digits", num_scripts=1, num_function_iterations=1, num_functions=2
         )
@@ -33,23 +32,16 @@ def _image_model(form: str = "qk") -> NeuralInterpreterForImageClassification:
 
 def _set_model() -> NeuralInterpreterForSetRegression:
     torch.manual_seed(0)
-    config = NeuralInterpreterConfig.from_paper(
-        "fuzzy_boolean",
-        hidden_size=16,
-        code_dim=8,
-        attention_head_size=8,
-        type_inference_hidden_size=12,
-        type_dim=6,
-        task_names=["f1", "f2", "f3"],
-    )
-    return NeuralInterpreterForSetRegression(config).eval()
+    return NeuralInterpreterForSetRegression(
+        NeuralInterpreterModelTester().get_set_regression_config()
+    ).eval()
 
 
 def _images(config: NeuralInterpreterConfig, batch_size: int) -> torch.Tensor:
     return torch.randn(batch_size, config.num_patches, config.patch_dim)
 
 
-@pytest.mark.parametrize("form", ["qk", "bilinear"])
+@pytest.mark.parametrize("form", ["tester", "digits"])
 def test_exported_image_classifier_matches_eager_at_batch_sizes_it_was_not_traced_with(form):
     model = _image_model(form)
     config = model.config
@@ -94,12 +86,12 @@ def test_exported_set_regression_matches_eager():
     torch.testing.assert_close(exported(inputs=other).predictions, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("which", ["image_classification", "image_classification_bilinear", "set_regression"])
+@pytest.mark.parametrize("which", ["image_classification", "image_classification_digits", "set_regression"])
 def test_onnx_export_runs_in_onnxruntime_with_the_eager_outputs_at_any_batch_size(which, tmp_path):
     pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
     ort = pytest.importorskip("onnxruntime")
     if which.startswith("image_classification"):
-        model, output = _image_model("bilinear" if which.endswith("bilinear") else "qk"), "logits"
+        model, output = _image_model("digits" if which.endswith("digits") else "tester"), "logits"
 
         def make(batch_size: int) -> dict[str, torch.Tensor]:
             task_ids = torch.arange(batch_size) % model.config.num_tasks
@@ -133,11 +125,8 @@ def test_onnx_export_runs_in_onnxruntime_with_the_eager_outputs_at_any_batch_siz
         torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", ["qk", "bilinear"])
-def test_torch_jit_trace_records_the_eager_formulation_and_gives_its_outputs(form):
-    """torch.jit.trace cannot record the custom autograd Functions of "sdpa" (it failed with `unordered_map::at`):
-    while tracing, a LOC runs the plain autograd ops of "eager", and the traced module computes the same logits
-    on inputs it was not traced with."""
+@pytest.mark.parametrize("form", ["tester", "digits"])
+def test_torch_jit_trace_gives_the_eager_outputs_on_inputs_it_was_not_traced_with(form):
     model = _image_model(form)
     example = _images(model.config, 4)
     with torch.no_grad():

@@ -15,6 +15,7 @@ import datasets
 import pytest
 import torch
 from _scripts import load_script, run_with_forkserver, torchrun_command
+from conftest import NeuralInterpreterModelTester
 
 import ni_hf
 import ni_hf.training.run_setup
@@ -27,25 +28,16 @@ def script() -> ModuleType:
     return load_script(SCRIPT, "run_digits_adaptation")
 
 
+TESTER = NeuralInterpreterModelTester.digits_like(task_names=["sklearn_digits"])
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny (untrained) digits classifier on scikit-learn's digits, saved as run_digits.py saves it."""
-    config = ni_hf.NeuralInterpreterConfig(
-        hidden_size=16,
-        code_dim=8,
-        num_function_iterations=2,
-        num_functions=3,
-        num_attention_heads=2,
-        attention_head_size=4,
-        type_inference_hidden_size=8,
-        type_dim=4,
-        patch_size=8,
-        task_names=["sklearn_digits"],
-        num_labels=10,
-    )
+    """The tester's tiny (untrained) digits classifier (3 functions, 2 function iterations) on scikit-learn's
+    digits, saved as run_digits.py saves it."""
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("pretrained")
-    ni_hf.NeuralInterpreterForImageClassification(config).save_pretrained(path)
+    ni_hf.NeuralInterpreterForImageClassification(TESTER.get_config()).save_pretrained(path)
     return path
 
 
@@ -261,8 +253,8 @@ def test_two_processes_split_the_global_batch(checkpoint: Path, tmp_path: Path) 
 def test_dataloader_workers_started_by_forkserver_unpickle_the_transform(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    """Workers that do not fork get the dataset's transform pickled; as a closure it could not be
-    ("Can't pickle local object 'make_transform.<locals>.transform'"), so adapting with workers failed there."""
+    """Workers that do not fork get the dataset's transform pickled: it must be an object that pickles, not a closure
+    ("Can't pickle local object 'make_transform.<locals>.transform'")."""
     args = [
         *one_short_adaptation(checkpoint),
         "--dataloader_num_workers",
@@ -393,10 +385,7 @@ def test_a_bad_argument_is_refused_before_any_data_naming_the_option(
 @pytest.fixture(scope="module")
 def vit_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny multi-task ViT on scikit-learn's digits, saved as run_digits.py --architecture vit saves it."""
-    config = ni_hf.MultiTaskViTConfig(
-        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, image_size=32, patch_size=8,
-        task_names=["sklearn_digits"], num_labels=10,
-    )  # fmt: skip
+    config = TESTER.get_vit_config()
     path = tmp_path_factory.mktemp("vit")
     ni_hf.MultiTaskViTForImageClassification(config).save_pretrained(path)
     return path

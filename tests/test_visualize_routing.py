@@ -7,9 +7,7 @@ from pathlib import Path
 
 import _scripts
 import pytest
-import torch
-
-import ni_hf
+from conftest import NeuralInterpreterModelTester
 
 ROOT = Path(__file__).resolve().parents[1]
 visualize_routing = _scripts.load_script(ROOT / "examples" / "visualize_routing.py", "visualize_routing")
@@ -17,16 +15,8 @@ visualize_routing = _scripts.load_script(ROOT / "examples" / "visualize_routing.
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("ckpt")
-    torch.manual_seed(0)
-    config = ni_hf.NeuralInterpreterConfig(
-        hidden_size=16, code_dim=8, num_function_iterations=1, num_functions=2, num_attention_heads=2,
-        attention_head_size=4, type_inference_hidden_size=8, type_dim=4, patch_size=8,
-        task_names=["mnist", "sklearn_digits"], num_labels=10,
-    )  # fmt: skip
-    ni_hf.NeuralInterpreterForImageClassification(config).save_pretrained(path)
-    ni_hf.NeuralInterpreterImageProcessor(patch_size=8).save_pretrained(path)
-    return path
+    tester = NeuralInterpreterModelTester.digits_like(task_names=["mnist", "sklearn_digits"])
+    return tester.save_image_classifier(tmp_path_factory.mktemp("ckpt"))
 
 
 BAD_ARGUMENTS = [
@@ -52,7 +42,11 @@ BAD_ARGUMENTS = [
 ]
 
 
-@pytest.mark.parametrize(("extra", "error"), BAD_ARGUMENTS, ids=[" ".join(case[0]) for case in BAD_ARGUMENTS])
+def case_id(case) -> str:
+    return " ".join(case[0])
+
+
+@pytest.mark.parametrize(("extra", "error"), BAD_ARGUMENTS, ids=[case_id(case) for case in BAD_ARGUMENTS])
 def test_a_bad_argument_is_refused_by_name(checkpoint, tmp_path, capsys, monkeypatch, extra, error):
     monkeypatch.chdir(tmp_path)
     import huggingface_hub.constants
@@ -73,7 +67,7 @@ def test_a_bad_argument_is_refused_by_name(checkpoint, tmp_path, capsys, monkeyp
     with pytest.raises(SystemExit) as exit_info:
         visualize_routing.main(argv)
     message = capsys.readouterr().err + str(exit_info.value.code)
-    assert exit_info.value.code != 0
+    assert exit_info.value.code == 2, message
     assert re.search(error.replace("{empty}", str(empty)), message), message
     assert not (tmp_path / "out" / "routing.json").exists()
 
