@@ -32,7 +32,7 @@ from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from test_demo import app, save_tiny_checkpoint  # noqa: E402
+from test_demo import TESTER, app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 300  # a busy 2-core machine needs a minute to import gradio and torch
@@ -48,7 +48,7 @@ def free_port() -> int:
 def served(tmp_path_factory):
     """(url, checkpoint): the demo on a tiny fresh checkpoint, in a subprocess."""
     tmp = tmp_path_factory.mktemp("demo")
-    ckpt = save_tiny_checkpoint(tmp / "ckpt")
+    ckpt = TESTER.save_image_classifier(tmp / "ckpt")
     port = free_port()
     env = {
         **os.environ,
