@@ -30,15 +30,16 @@
 # Interpreter's 18 passes over the val and test puzzles, 18,000 puzzles at about 600/s: 30 s), saving and the
 # model card; --max_train_minutes stops training after the rest. Epochs: EPOCHS, by default as many as fit in
 # that time at PUZZLES_PER_S (400) training puzzles per second for each of the two runs, at least 1.
-# PUZZLES_PER_S is an estimate, not a measurement on the GPU: DataLoader workers generate every puzzle anew (one
-# core made 75 puzzles/s of 80x80 panels with up to 4 triples on a 2-core AMD EPYC), WORKERS (7) per run on the 16
-# cores give about 500/s; the Neural Interpreter's training step is about 8,000 small eager operations (2,600
-# forward, 4,700 backward, 700 RAdam), launch-bound at roughly 100 ms for 72 puzzles, about 700/s (the ViT's,
-# 1,300 operations, is faster). The cosine schedule is planned for those epochs; if a slower run hits the guard,
+# PUZZLES_PER_S is an estimate, not a measurement on the GPU: DataLoader workers generate every puzzle anew and
+# run the panel processor (on one AMD EPYC core, 2026-12-03: 452 puzzles/s of 80x80 panels with up to 4 triples
+# generated, benchmarks/pgm_generator_speed.py, and 567/s through the processor, about 250/s for both), so
+# WORKERS (7) per run on the 16 cores give about 1,700/s; the Neural Interpreter's training step is about 8,000
+# small eager operations (2,600 forward, 4,700 backward, 700 RAdam), launch-bound at roughly 100 ms for 72
+# puzzles, about 700/s (the ViT's, 1,300 operations, is faster), and two runs share the GPU. The cosine schedule is planned for those epochs; if a slower run hits the guard,
 # training stops before the schedule's end, the log and summary.md say at which epoch (train_samples_per_second
 # in summary.md is the measured speed) and the next call should set EPOCHS or PUZZLES_PER_S from it. COMPILE=1
-# adds --torch_compile true (compiling 16 unrolled function iterations costs time of the call, and the
-# generator, not the GPU, is expected to bound the speed).
+# adds --torch_compile true (it would cut the launches, but compiling 16 unrolled function iterations costs
+# minutes of the call).
 #
 # DRY_RUN=1 (tests/test_gpu_pgm.py): on the CPU, --preset quick (its tiny models and 16x16 panels), 64 training
 # and 32 val and test puzzles, one epoch, one DataLoader worker, no bf16.

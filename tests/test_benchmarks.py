@@ -279,3 +279,44 @@ def test_export_inference_times_eager_pytorch_and_onnxruntime_on_the_same_logits
     assert results["onnx_megabytes"] > 0 and results["threads"] == 1
     table = [line for line in out_md.read_text().splitlines() if line.startswith("| ")]
     assert [line.split()[1] for line in table[1:]] == ["pytorch-eager", "onnxruntime"]  # after the header
+
+
+def test_the_generator_timing_reports_every_regime_and_panel_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    speed = load_script(REPO / "benchmarks" / "pgm_generator_speed.py", "ni_pgm_generator_speed")
+    out = tmp_path / "speed.json"
+    report = speed.main(
+        ["--num-puzzles", "3", "--regimes", "neutral", "extrapolation", "--panel-sizes", "16", "24"]
+        + ["--output-json", str(out), "--quiet"]
+    )
+    rows = [(row["regime"], row["panel_size"], row["num_puzzles"]) for row in report["rows"]]
+    assert rows == [
+        ("neutral", 16, 3),
+        ("neutral", 24, 3),
+        ("extrapolation", 16, 3),
+        ("extrapolation", 24, 3),
+    ]
+    for row in report["rows"]:
+        assert row["seconds"] > 0
+        assert row["puzzles_per_second"] == pytest.approx(3 / row["seconds"])
+    assert json.loads(out.read_text()) == report
+    printed = capsys.readouterr().out
+    assert "| extrapolation | 24x24 | 3 |" in printed and report["environment"]["commit"] in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--panel-sizes", "8"], "--panel-sizes: expected sizes >= 16 pixels, got 8"),
+        (["--num-puzzles", "0"], "expected a positive integer, got 0"),
+        (["--regimes", "mnist"], "invalid choice: 'mnist'"),
+    ],
+)
+def test_the_generator_timing_refuses_a_bad_argument_by_name(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    speed = load_script(REPO / "benchmarks" / "pgm_generator_speed.py", "ni_pgm_generator_speed")
+    with pytest.raises(SystemExit) as exit_info:
+        speed.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""How long the offline PGM-style generator (``ni_hf.data.pgm_generator``) takes for N puzzles on one core.
+
+    python benchmarks/pgm_generator_speed.py --num-puzzles 10000 --regimes neutral extrapolation --panel-sizes 32 80
+
+Each (regime, panel size) makes puzzles 0..N-1 of the train split in this one process, as one DataLoader worker
+does (``PGMGenerator[i]``: the structure, the 16 panels rendered and the meta targets), and reports seconds in all,
+puzzles/s and milliseconds per puzzle. The report (stdout, Markdown) starts with the date, CPU, commit and command
+line; ``--output-json`` keeps the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ni_hf.data.pgm_generator import REGIMES, PGMGenerator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark import cpu_model, git_commit  # noqa: E402
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-puzzles", type=positive_int, default=10_000, help="puzzles per (regime, size)")
+    parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=["neutral"], help="DeepMind's names")
+    parser.add_argument(
+        "--panel-sizes", nargs="+", type=positive_int, default=[32, 80], help="panel side in pixels (>= 16)"
+    )
+    parser.add_argument("--max-triples", type=positive_int, default=4, help="relations per puzzle, at most")
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed")
+    parser.add_argument("--output-json", type=Path, help="also write the report here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def time_generator(regime: str, panel_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds for puzzles 0..N-1 of the train split of ``regime`` at ``panel_size``."""
+    puzzles = PGMGenerator(regime, "train", args.num_puzzles, args.seed, panel_size, args.max_triples)
+    start = time.perf_counter()
+    for i in tqdm(range(len(puzzles)), desc=f"{regime} {panel_size}x{panel_size}", disable=args.quiet):
+        puzzles[i]
+    seconds = time.perf_counter() - start
+    return {
+        "regime": regime,
+        "panel_size": panel_size,
+        "num_puzzles": args.num_puzzles,
+        "seconds": seconds,
+        "puzzles_per_second": args.num_puzzles / seconds,
+        "ms_per_puzzle": 1000 * seconds / args.num_puzzles,
+    }
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"{env['date']} · {env['cpu']} · commit {env['commit']} · Python {env['python']}",
+        f"`{env['command']}`",
+        "",
+        "| regime | panel | puzzles | seconds | puzzles/s | ms per puzzle |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in report["rows"]:
+        lines.append(
+            f"| {row['regime']} | {row['panel_size']}x{row['panel_size']} | {row['num_puzzles']:,} | "
+            f"{row['seconds']:.1f} | {row['puzzles_per_second']:.0f} | {row['ms_per_puzzle']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    if min(args.panel_sizes) < 16:
+        build_parser().error(f"--panel-sizes: expected sizes >= 16 pixels, got {min(args.panel_sizes)}")
+    environment = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "command": shlex.join(
+            [sys.executable, *sys.argv] if argv is None else ["pgm_generator_speed.py", *argv]
+        ),
+    }
+    rows = [time_generator(regime, size, args) for regime in args.regimes for size in args.panel_sizes]
+    report = {"environment": environment, "rows": rows}
+    print(markdown_report(report))
+    if args.output_json is not None:
+        args.output_json.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
