@@ -99,35 +99,15 @@ import datasets
 import numpy as np
 import torch
 
+from ni_hf.data.pgm_generator import META_TARGET_NAMES, REGIMES, SPLITS  # noqa: F401 - META_TARGET_NAMES: the schema's
+
 logger = logging.getLogger(__name__)
 
 PGM_SOURCES = ("generated", "deepmind", "hub")
-PGM_SPLITS = ("train", "val", "test")
-DEEPMIND_REGIMES = (
-    "neutral",
-    "interpolation",
-    "extrapolation",
-    "attr.rel.pairs",
-    "attr.rels",
-    "attrs.pairs",
-    "attrs.shape.color",
-    "attrs.line.type",
-)
-# Column order of meta_target and relation_structure_encoded (DeepMind's README).
-META_TARGET_NAMES = (
-    "shape",
-    "line",
-    "color",
-    "number",
-    "position",
-    "size",
-    "type",
-    "progression",
-    "XOR",
-    "OR",
-    "AND",
-    "consistent_union",
-)
+# The generator uses DeepMind's names: its REGIMES, SPLITS and META_TARGET_NAMES (the columns of meta_target and
+# relation_structure_encoded) are the release's.
+DEEPMIND_REGIMES = REGIMES
+PGM_SPLITS = SPLITS
 SCHEMA_KEYS = ("panels", "target", "meta_target", "relation_structure_encoded")
 NUM_PANELS = 16
 HUB_REPO_ID = "HuggingFaceM4/PGM"
