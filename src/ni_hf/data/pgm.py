@@ -99,15 +99,13 @@ import datasets
 import numpy as np
 import torch
 
-from ni_hf.data.pgm_generator import META_TARGET_NAMES, REGIMES, SPLITS  # noqa: F401 - META_TARGET_NAMES: the schema's
+# DeepMind's names, which the generator uses too; META_TARGET_NAMES: the columns of meta_target and
+# relation_structure_encoded.
+from ni_hf.data.pgm_generator import META_TARGET_NAMES, REGIMES, SPLITS  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
 PGM_SOURCES = ("generated", "deepmind", "hub")
-# The generator uses DeepMind's names: its REGIMES, SPLITS and META_TARGET_NAMES (the columns of meta_target and
-# relation_structure_encoded) are the release's.
-DEEPMIND_REGIMES = REGIMES
-PGM_SPLITS = SPLITS
 SCHEMA_KEYS = ("panels", "target", "meta_target", "relation_structure_encoded")
 NUM_PANELS = 16
 HUB_REPO_ID = "HuggingFaceM4/PGM"
@@ -684,7 +682,7 @@ def load_pgm(
     ``streaming=False``).
 
     - ``split``: ``train``, ``val`` (``validation`` accepted) or ``test``.
-    - ``regime``: DEEPMIND_REGIMES for ``deepmind``; only ``neutral`` for ``hub``; the generator's REGIMES.
+    - ``regime``: one of REGIMES (DeepMind's names) for ``deepmind`` and ``generated``; only ``neutral`` for ``hub``.
     - ``data_dir``: deepmind: a folder of .npz or a .tar.gz (required); hub: a repo id (default
       HUB_REPO_ID) or an existing local Parquet folder/file (a missing path of the form owner/name is
       taken for a repo id); generated: unused.
@@ -704,7 +702,7 @@ def load_pgm(
     """
     _check_choice("source", source, PGM_SOURCES)
     split = "val" if split == "validation" else split
-    _check_choice("split", split, PGM_SPLITS, " ('validation' is accepted for 'val')")
+    _check_choice("split", split, SPLITS, " ('validation' is accepted for 'val')")
     if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
         raise ValueError(f"max_samples must be a positive integer or None, got {max_samples!r}")
 
@@ -729,7 +727,7 @@ def load_pgm(
         options = _pop_options(
             source, kwargs, {"skip_bad_files": False, "num_shards": None, "shuffle_buffer_size": None}
         )
-        _check_choice("regime", regime, DEEPMIND_REGIMES, " (DeepMind's release)")
+        _check_choice("regime", regime, REGIMES, " (DeepMind's release)")
         if data_dir is None:
             raise ValueError(f"source='deepmind' needs data_dir. {_DEEPMIND_HELP}")
         path = Path(data_dir).expanduser()
