@@ -18,7 +18,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +30,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import cpu_model, git_commit  # noqa: E402
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def int_at_least(minimum: int, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse type: an int of at least ``minimum``, refused by name otherwise."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-puzzles", type=positive_int, default=10_000, help="puzzles per (regime, size)")
+    parser.add_argument(
+        "--num-puzzles", type=int_at_least(1), default=10_000, help="puzzles per (regime, size)"
+    )
     parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=["neutral"], help="DeepMind's names")
     parser.add_argument(
-        "--panel-sizes", nargs="+", type=positive_int, default=[32, 80], help="panel side in pixels (>= 16)"
+        "--panel-sizes",
+        nargs="+",
+        type=int_at_least(16, "sizes"),
+        default=[32, 80],
+        help="panel side in pixels",
     )
-    parser.add_argument("--max-triples", type=positive_int, default=4, help="relations per puzzle, at most")
+    parser.add_argument(
+        "--max-triples", type=int_at_least(1), default=4, help="relations per puzzle, at most"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the generator's seed")
     parser.add_argument("--output-json", type=Path, help="also write the report here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -87,8 +100,6 @@ def markdown_report(report: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    if min(args.panel_sizes) < 16:
-        build_parser().error(f"--panel-sizes: expected sizes >= 16 pixels, got {min(args.panel_sizes)}")
     environment = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cpu": cpu_model(),

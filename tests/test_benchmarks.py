@@ -308,8 +308,8 @@ def test_the_generator_timing_reports_every_regime_and_panel_size(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--panel-sizes", "8"], "--panel-sizes: expected sizes >= 16 pixels, got 8"),
-        (["--num-puzzles", "0"], "expected a positive integer, got 0"),
+        (["--panel-sizes", "8"], "--panel-sizes: expected sizes >= 16, got 8"),
+        (["--num-puzzles", "0"], "--num-puzzles: expected an integer >= 1, got 0"),
         (["--regimes", "mnist"], "invalid choice: 'mnist'"),
     ],
 )
