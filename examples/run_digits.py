@@ -62,7 +62,7 @@ from ni_hf.training.checkpoints import (
 )
 from ni_hf.training.data_transfer import apply_gpu_loading_defaults, compile_for_static_batches
 from ni_hf.training.evaluation import CopiedPredictionsMixin, load_multitask_accuracy, make_compute_metrics
-from ni_hf.training.model_card import DEFAULT_DIGITS_TEMPLATE, digits_task_info, write_digits_model_card
+from ni_hf.training.model_cards import DEFAULT_DIGITS_TEMPLATE, digits_task_info, write_digits_model_card
 from ni_hf.training.paths import check_model_path
 from ni_hf.training.presets import DIGITS_PRESETS, parse_config_overrides, parse_with_presets, preset_field
 from ni_hf.training.publishing import hub_repo_id, push_run, reconstruct_command

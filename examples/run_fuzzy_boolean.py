@@ -47,7 +47,7 @@ from transformers import HfArgumentParser, PretrainedConfig, Trainer, TrainingAr
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.data.fuzzy_boolean import TensorBatchDataset, batch_collator, make_fuzzy_boolean_tensors
-from ni_hf.training import checkpoints, data_transfer, evaluation, model_card, paths, publishing, run_setup
+from ni_hf.training import checkpoints, data_transfer, evaluation, model_cards, paths, publishing, run_setup
 from ni_hf.training.presets import Preset, parse_with_presets, preset_field
 
 logger = logging.getLogger("run_fuzzy_boolean")
@@ -164,7 +164,7 @@ class FuzzyBooleanArguments:
         default=False, metadata={"help": "Load --pretrained_model even if its weights do not fit its model."}
     )
     model_card_template: str = field(
-        default=str(model_card.DEFAULT_FUZZY_BOOLEAN_TEMPLATE),
+        default=str(model_cards.DEFAULT_FUZZY_BOOLEAN_TEMPLATE),
         metadata={"help": "Jinja template of the model card written to <output_dir>/README.md."},
     )
 
@@ -280,7 +280,7 @@ def check_arguments(
             f"--settings {exp.settings!r}: expected distinct names among {list(SETTING_GROUPS)}, or 'none'."
         )
     run_setup.per_device_batch_size(exp.batch_size, args.world_size)
-    model_card.check_model_card_template(exp.model_card_template)
+    model_cards.check_model_card_template(exp.model_card_template)
     if args.push_to_hub:
         publishing.check_push(args)
     if exp.pretrained_model and args.resume_from_checkpoint:
@@ -416,7 +416,7 @@ def evaluate(
     batches = ({"inputs": inputs[i : i + batch_size]} for i in range(0, inputs.shape[0], batch_size))
     density = evaluation.routing_density(model, batches)
     r2 = evaluation.summarize_r2(evaluation.r2_per_function(output.predictions, output.label_ids))
-    label, paper_mean, paper_std = model_card.FUZZY_BOOLEAN_TABLE_1[row]
+    label, paper_mean, paper_std = model_cards.FUZZY_BOOLEAN_TABLE_1[row]
     logger.info(
         "%s: R^2 over %d functions %.4f ± %.4f (paper %.4f ± %.4f)",
         label, output.label_ids.shape[1], r2["r2_mean"], r2["r2_std"], paper_mean, paper_std,
@@ -568,7 +568,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
             model, adapt_args, datasets["adapt"]["train"], datasets["adapt"]["test"], param_groups
         )
         results["adaptation"][setting] = {
-            "label": model_card.FUZZY_BOOLEAN_TABLE_1[setting][0],
+            "label": model_cards.FUZZY_BOOLEAN_TABLE_1[setting][0],
             "trainable_parameters": counts,
             **train_phase(trainer),
             **evaluate(trainer, model, datasets["adapt"]["test"], exp.batch_size, setting),
@@ -580,12 +580,12 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
     results["wall_time_s"] = time.perf_counter() - start_time
     if base_args.process_index != 0:
         return results
-    markdown = model_card.fuzzy_boolean_results_markdown(results)
+    markdown = model_cards.fuzzy_boolean_results_markdown(results)
     run_setup.write_results(output_dir, RESULTS, results, markdown)
     test_inputs = {"pretrain": datasets["pretrain"]["test"].inputs}
     test_inputs.update({f"adapt-{setting}": datasets["adapt"]["test"].inputs for setting in settings})
     command, launcher_note = publishing.reconstruct_command(__file__, argv, world_size)
-    card_path = model_card.write_fuzzy_boolean_model_card(
+    card_path = model_cards.write_fuzzy_boolean_model_card(
         output_dir,
         results,
         markdown=markdown,
@@ -595,7 +595,7 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         protocol_note=PRESETS[exp.preset].help,
         deviations=protocol_deviations(results),
         template_path=exp.model_card_template,
-        routing=model_card.fuzzy_boolean_routing_section(output_dir, test_inputs),
+        routing=model_cards.fuzzy_boolean_routing_section(output_dir, test_inputs),
     )
     logger.info("Model card written to %s", card_path)
     if push_to_hub:

@@ -43,7 +43,7 @@ from ni_hf.data.pgm_generator import REGIMES
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PGM_REGIMES
 from ni_hf.training.callbacks import time_limit_callbacks
 from ni_hf.training.checkpoints import load_checked, output_dir_lock, resolve_resume_checkpoint
-from ni_hf.training.model_card import write_pgm_model_card
+from ni_hf.training.model_cards import write_pgm_model_card
 from ni_hf.training.presets import (
     PGM_MODEL_CONFIGS,
     PGM_PRESETS,

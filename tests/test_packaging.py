@@ -67,7 +67,7 @@ def test_the_built_wheel_holds_everything_the_package_reads_at_run_time(tmp_path
     readme = (repo / "README.md").read_text()
     quickstart = readme.split("\n## Quickstart\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     check = """
-import ni_hf.training.model_card as cards
+import ni_hf.training.model_cards as cards
 from ni_hf import MultiTaskViTConfig, MultiTaskViTForImageClassification
 from ni_hf.training.evaluation import load_multitask_accuracy
 assert ni_hf.__file__.startswith(SITE), ni_hf.__file__

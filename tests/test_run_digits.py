@@ -726,7 +726,8 @@ def test_do_train_false_evaluates_the_saved_model_and_saves_nothing(single_run, 
 
 
 def test_model_card_leaves_out_a_numpy_nan_accuracy_like_a_python_one():
-    from ni_hf.training.model_card import TaskCardInfo, _percent, digits_eval_results
+    from ni_hf.training.model_cards import TaskCardInfo, digits_eval_results
+    from ni_hf.training.model_cards.common import percent as _percent
 
     tasks = [
         TaskCardInfo("mnist", "ylecun/mnist", "MNIST", "hub", accuracy=np.float32("nan")),

@@ -29,7 +29,7 @@ from ni_hf import (
 )
 from ni_hf.data.fuzzy_boolean import TensorBatchDataset, batch_collator, make_fuzzy_boolean_tensors
 from ni_hf.training.evaluation import r2_per_function
-from ni_hf.training.model_card import FUZZY_BOOLEAN_ROUTING_POINTS, fuzzy_boolean_routing_section
+from ni_hf.training.model_cards import FUZZY_BOOLEAN_ROUTING_POINTS, fuzzy_boolean_routing_section
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "run_fuzzy_boolean.py"
 SETTINGS = ("cls_tokens", "type_inference", "all")

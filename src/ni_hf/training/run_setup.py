@@ -219,7 +219,7 @@ def environment(args: Any) -> dict[str, Any]:
     import transformers
 
     from .. import __version__
-    from .model_card import mixed_precision
+    from .model_cards import mixed_precision
 
     cpu = platform.processor() or platform.machine()
     try:
