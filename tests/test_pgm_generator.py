@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ni_hf.data import pgm_generator as pgm
+from ni_hf.data.pgm_generator import generator, rules
 from ni_hf.data.pgm_generator import (
     ATTRIBUTE_PAIRS,
     HELD_OUT_ATTRIBUTE_PAIRS,
@@ -90,9 +91,9 @@ def test_held_out_sets_have_the_sizes_of_barretts_regimes():
     assert (("shape", "number"), ("shape", "position")) not in ATTRIBUTE_PAIRS
     assert set(HELD_OUT_TRIPLE_PAIRS) <= set(VIABLE_TRIPLE_PAIRS)
     assert len(HELD_OUT_TRIPLE_PAIRS) == round(0.1 * len(VIABLE_TRIPLE_PAIRS))
-    structures = pgm._all_structures()
+    structures = rules._all_structures()
     assert {s for s in structures if len(s) == 2} == set(VIABLE_TRIPLE_PAIRS)
-    assert all(pgm._compatible(a, b) for s in structures for a, b in itertools.combinations(s, 2))
+    assert all(rules._compatible(a, b) for s in structures for a, b in itertools.combinations(s, 2))
 
 
 def test_value_domains_of_interpolation_and_extrapolation_are_disjoint_halves():
@@ -168,11 +169,11 @@ def test_no_spurious_relation_on_the_complete_rows():
 
 
 def test_every_kind_of_structure_can_be_generated():
-    structures = pgm._all_structures()
+    structures = rules._all_structures()
     for regime, split in (("neutral", "train"), ("interpolation", "test")):
         domains = {(o, a): value_domain(o, a, regime, split) for o, a in pgm.OBJECT_ATTRIBUTES}
         for k, triples in enumerate(structures[::20]):
-            structure = pgm._generate(triples, domains, random.Random(k))
+            structure = generator._generate(triples, domains, random.Random(k))
             assert structure is not None, triples
             assert satisfies(structure, structure.answer)
 

@@ -1,0 +1,162 @@
+"""Puzzles by index: the symbolic puzzle, its rendering in DeepMind's schema, and the map-style dataset."""
+
+from __future__ import annotations
+
+import operator
+import random
+from typing import Any
+
+import numpy as np
+
+from .candidates import _make_candidates
+from .rendering import render_panels
+from .rules import (
+    OBJECT_ATTRIBUTES,
+    REGIMES,
+    SPLITS,
+    ObjectAttribute,
+    PuzzleStructure,
+    Triple,
+    _allowed_structures,
+    _check_int,
+    _check_max_triples,
+    _check_regime_split,
+    encode_triples,
+    value_domain,
+)
+from .sampling import _Frame, _realize, _sample_specs, _shows_spurious_relation
+
+_MAX_MATRIX_ATTEMPTS = 200
+
+
+def puzzle_structure(
+    regime: str = "neutral", split: str = "train", index: int = 0, seed: int = 0, max_triples: int = 4
+) -> PuzzleStructure:
+    """The symbolic puzzle ``index`` of ``(regime, split, seed)``: what ``generate_puzzle`` renders."""
+    _check_regime_split(regime, split)
+    max_triples = _check_max_triples(regime, max_triples)
+    index = _check_int("index", index, 0)
+    seed = _check_int("seed", seed, 0)
+    state = np.random.SeedSequence([seed, REGIMES.index(regime), SPLITS.index(split), index]).generate_state(
+        2
+    )
+    rng = random.Random(int(state[0]) << 32 | int(state[1]))
+    groups = _allowed_structures(regime, split == "test", max_triples)
+    group = groups[rng.randrange(len(groups))]
+    triples = group[rng.randrange(len(group))]
+    domains = {(o, a): value_domain(o, a, regime, split) for o, a in OBJECT_ATTRIBUTES}
+    structure = _generate(triples, domains, rng)
+    if structure is None:
+        raise RuntimeError(
+            f"could not generate a puzzle for {triples} ({regime}, {split}, index {index}, seed {seed})"
+        )
+    return structure
+
+
+def _generate(
+    triples: tuple[Triple, ...], domains: dict[ObjectAttribute, tuple[int, ...]], rng: random.Random
+) -> PuzzleStructure | None:
+    """A puzzle of the structure ``triples`` with values in ``domains`` (None when attempts run out)."""
+    frame = _Frame(triples, domains)
+    for _ in range(_MAX_MATRIX_ATTEMPTS):
+        specs = _sample_specs(frame, rng)
+        if specs is None:
+            continue
+        realized = [_realize(frame, spec, rng) for spec in specs]
+        matrix = [p for p in realized if p is not None]
+        if len(matrix) < 9:
+            continue
+        if _shows_spurious_relation(frame, matrix):
+            continue
+        candidates = _make_candidates(frame, matrix[:8], matrix[8], specs[8], rng)
+        if candidates is None:
+            continue
+        answer, wrong = candidates[0], candidates[1:]
+        rng.shuffle(wrong)
+        target = rng.randrange(8)
+        wrong.insert(target, answer)
+        return PuzzleStructure(triples, tuple(matrix[:8]), tuple(wrong), target)
+    return None
+
+
+def generate_puzzle(
+    regime: str = "neutral",
+    split: str = "train",
+    index: int = 0,
+    seed: int = 0,
+    panel_size: int = 80,
+    max_triples: int = 4,
+    *,
+    with_relations: bool = True,
+) -> dict[str, Any]:
+    """Puzzle ``index`` of ``(regime, split, seed)`` as a dict in DeepMind's PGM schema.
+
+    Keys: ``panels`` (16, panel_size, panel_size) uint8, ``target`` (int, 0-7), ``meta_target`` (12,) uint8,
+    ``relation_structure_encoded`` (4, 12) uint8 and, with ``with_relations``, the generator-only ``relations``
+    (the puzzle's (object, attribute, relation) triples; absent from DeepMind's files).
+    """
+    _check_regime_split(regime, split)
+    panel_size = _check_int("panel_size", panel_size, 16)
+    structure = puzzle_structure(regime, split, index, seed, max_triples)
+    panels = render_panels((*structure.context, *structure.candidates), panel_size)
+    meta_target, encoded = encode_triples(structure.triples)
+    puzzle: dict[str, Any] = {
+        "panels": panels,
+        "target": structure.target,
+        "meta_target": meta_target,
+        "relation_structure_encoded": encoded,
+    }
+    if with_relations:
+        puzzle["relations"] = list(structure.triples)
+    return puzzle
+
+
+class PGMGenerator:
+    """``num_puzzles`` generated puzzles of a regime's split, indexable like a map-style dataset.
+
+    Item ``i`` is ``generate_puzzle(regime, split, i, seed, panel_size, max_triples)``; ``relations`` is left out
+    by default (``with_relations=False``) because torch's default collate cannot stack lists of varying length.
+    """
+
+    def __init__(
+        self,
+        regime: str = "neutral",
+        split: str = "train",
+        num_puzzles: int = 10_000,
+        seed: int = 0,
+        panel_size: int = 80,
+        max_triples: int = 4,
+        *,
+        with_relations: bool = False,
+    ) -> None:
+        _check_regime_split(regime, split)
+        self.regime = regime
+        self.split = split
+        self.num_puzzles = _check_int("num_puzzles", num_puzzles, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.panel_size = _check_int("panel_size", panel_size, 16)
+        self.max_triples = _check_max_triples(regime, max_triples)
+        self.with_relations = with_relations
+
+    def __len__(self) -> int:
+        return self.num_puzzles
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        i = operator.index(index)
+        if not 0 <= i < self.num_puzzles:
+            raise IndexError(f"index {i} out of range: expected 0 <= index < {self.num_puzzles}")
+        return generate_puzzle(
+            self.regime,
+            self.split,
+            i,
+            self.seed,
+            self.panel_size,
+            self.max_triples,
+            with_relations=self.with_relations,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PGMGenerator(regime={self.regime!r}, split={self.split!r}, num_puzzles={self.num_puzzles}, "
+            f"seed={self.seed}, panel_size={self.panel_size}, max_triples={self.max_triples})"
+        )

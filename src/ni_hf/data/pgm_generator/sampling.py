@@ -1,0 +1,284 @@
+"""Sampling a puzzle's matrix: the values its triples give the nine panels, then the objects that show them."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, cast
+
+from .rules import (
+    _LINE_COLOR,
+    _LINE_TYPE,
+    _NUMBER,
+    _POSITION,
+    _SET_OPERATIONS,
+    _SET_UNION_MAX,
+    _SHAPE_VALUE_ATTRIBUTES,
+    LINE_TYPES,
+    SET_RELATIONS,
+    TRIPLES,
+    Line,
+    ObjectAttribute,
+    Panel,
+    Shape,
+    Triple,
+    Value,
+    relation_holds,
+)
+
+
+@dataclass
+class _Frame:
+    """What every panel of one puzzle shares: its triples, value domains and held-constant values."""
+
+    triples: tuple[Triple, ...]
+    domains: dict[ObjectAttribute, tuple[int, ...]]
+    relation: dict[ObjectAttribute, str] = field(init=False)
+    has_shapes: bool = field(init=False)
+    has_lines: bool = field(init=False)
+    constants: dict[ObjectAttribute, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.relation = {t[:2]: t[2] for t in self.triples}
+        self.has_shapes = any(t[0] == "shape" for t in self.triples)
+        self.has_lines = any(t[0] == "line" for t in self.triples)
+
+    def free_attributes(self) -> list[ObjectAttribute]:
+        """The held-constant attributes of the drawn objects."""
+        free = []
+        if self.has_shapes:
+            free += [("shape", a) for a in _SHAPE_VALUE_ATTRIBUTES if ("shape", a) not in self.relation]
+            if _POSITION in self.constants:
+                free.append(_POSITION)
+        if self.has_lines:
+            free += [k for k in (_LINE_COLOR, _LINE_TYPE) if k not in self.relation]
+        return free
+
+
+def _sample_scalars(
+    relation: str, domain: tuple[int, ...], rng: random.Random, need: Sequence[int] | None = None
+) -> list[int] | None:
+    """Nine values obeying progression or consistent union, each >= ``need`` (None when none fit)."""
+    need = need or (0,) * 9
+    if relation == "progression":
+        count = len(domain)
+        step = rng.choice([d for d in (1, 2) if count - 2 * d >= 2])
+        starts = [
+            [
+                p
+                for p in range(count - 2 * step)
+                if all(domain[p + k * step] >= need[3 * r + k] for k in range(3))
+            ]
+            for r in range(3)
+        ]
+        first = rng.choice(starts[0]) if starts[0] else None
+        # Equal first rows would make consistent union fit the two complete rows too.
+        second = [p for p in starts[1] if p != first]
+        if first is None or not second or not starts[2]:
+            return None
+        chosen = (first, rng.choice(second), rng.choice(starts[2]))
+        return [domain[p + k * step] for p in chosen for k in range(3)]
+    union = rng.sample(domain, 3)
+    values: list[int] = []
+    for r in range(3):
+        orders = [o for o in itertools.permutations(union) if all(o[k] >= need[3 * r + k] for k in range(3))]
+        if r == 1:
+            # Two complete rows in one order would show constant columns rather than a union.
+            orders = [o for o in orders if list(o) != values]
+        if not orders:
+            return None
+        values.extend(rng.choice(orders))
+    return values
+
+
+@cache
+def _set_splits(domain_size: int, union_max: int, relation: str) -> tuple[tuple[int, int, int, int], ...]:
+    """(only-in-1, only-in-2, in-both, size of the third set) of every row a set relation can have."""
+    top = min(domain_size, union_max)
+    splits = []
+    for a, b, c in itertools.product(range(1, top + 1), repeat=3):
+        if a + b + c <= top:
+            third = {"XOR": a + b, "OR": a + b + c, "AND": c}[relation]
+            splits.append((a, b, c, third))
+    return tuple(splits)
+
+
+def _sample_sets(
+    relation: str,
+    domain: tuple[int, ...],
+    union_max: int,
+    rng: random.Random,
+    need: Sequence[int] | None = None,
+) -> list[frozenset[int]] | None:
+    """Nine sets whose rows obey a set relation, each of size >= ``need`` (None when none fit)."""
+    operation = _SET_OPERATIONS[relation]
+    splits = _set_splits(len(domain), union_max, relation)
+    sets: list[frozenset[int]] = []
+    for r in range(3):
+        if need is not None:
+            n1, n2, n3 = need[3 * r : 3 * r + 3]
+            fitting = [s for s in splits if s[0] + s[2] >= n1 and s[1] + s[2] >= n2 and s[3] >= n3]
+        else:
+            fitting = list(splits)
+        if not fitting:
+            return None
+        a, b, c, _ = rng.choice(fitting)
+        picked = rng.sample(domain, a + b + c)
+        both = picked[a + b :]
+        first, second = frozenset(picked[:a] + both), frozenset(picked[a : a + b] + both)
+        sets += [first, second, operation(first, second)]
+    return sets
+
+
+def _sample_specs(frame: _Frame, rng: random.Random) -> list[dict[ObjectAttribute, Value]] | None:
+    """The values of the puzzle's attributes in the nine panels, and the held-constant ones (in ``frame``)."""
+    specs: list[dict[ObjectAttribute, Value]] = [{} for _ in range(9)]
+    frame.constants = {}
+
+    def put(key: ObjectAttribute, values: Sequence[Value]) -> None:
+        for spec, value in zip(specs, values, strict=True):
+            spec[key] = value
+
+    def sample_value_sets(key: ObjectAttribute) -> list[frozenset[int]] | None:
+        relation, domain = frame.relation[key], frame.domains[key]
+        if relation in SET_RELATIONS:
+            return _sample_sets(relation, domain, _SET_UNION_MAX[key], rng)
+        scalars = _sample_scalars(relation, domain, rng)
+        return None if scalars is None else [frozenset((v,)) for v in scalars]
+
+    if frame.has_shapes:
+        need = [1] * 9
+        for attribute in _SHAPE_VALUE_ATTRIBUTES:
+            key = ("shape", attribute)
+            if key not in frame.relation:
+                frame.constants[key] = rng.choice(frame.domains[key])
+                continue
+            sets = sample_value_sets(key)
+            if sets is None:
+                return None
+            put(key, sets)
+            need = [max(n, len(s)) for n, s in zip(need, sets, strict=True)]
+        if _POSITION in frame.relation:
+            positions = _sample_sets(
+                frame.relation[_POSITION], frame.domains[_POSITION], _SET_UNION_MAX[_POSITION], rng, need
+            )
+            if positions is None:
+                return None
+            put(_POSITION, positions)
+        elif _NUMBER in frame.relation:
+            numbers = _sample_scalars(frame.relation[_NUMBER], frame.domains[_NUMBER], rng, need)
+            if numbers is None:
+                return None
+            put(_NUMBER, numbers)
+        else:
+            low = max(need)
+            frame.constants[_POSITION] = frozenset(rng.sample(range(9), rng.randint(low, min(9, low + 3))))
+    if frame.has_lines:
+        need = [1] * 9
+        if _LINE_COLOR in frame.relation:
+            sets = sample_value_sets(_LINE_COLOR)
+            if sets is None:
+                return None
+            put(_LINE_COLOR, sets)
+            need = [len(s) for s in sets]
+        else:
+            frame.constants[_LINE_COLOR] = rng.choice(frame.domains[_LINE_COLOR])
+        relation = frame.relation.get(_LINE_TYPE)
+        if relation is None:
+            low = max(need)
+            count = rng.randint(low, min(len(LINE_TYPES), low + 2))
+            frame.constants[_LINE_TYPE] = frozenset(rng.sample(frame.domains[_LINE_TYPE], count))
+        else:
+            sets = (
+                sample_value_sets(_LINE_TYPE)
+                if relation == "consistent_union"
+                else _sample_sets(relation, frame.domains[_LINE_TYPE], _SET_UNION_MAX[_LINE_TYPE], rng, need)
+            )
+            if sets is None:
+                return None
+            put(_LINE_TYPE, sets)
+    return specs
+
+
+def _assign(
+    keys: Sequence[int], values: frozenset[int], previous: dict[int, int], rng: random.Random
+) -> list[int]:
+    """A value from ``values`` for each key, every value used, keeping ``previous`` ones where allowed."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return [ordered[0]] * len(keys)
+    out = [previous[k] if previous.get(k) in values else ordered[rng.randrange(len(ordered))] for k in keys]
+    counts: dict[int, int] = {}
+    for v in out:
+        counts[v] = counts.get(v, 0) + 1
+    for missing in ordered:
+        if counts.get(missing):
+            continue
+        spare = [i for i, v in enumerate(out) if counts[v] > 1]
+        i = spare[rng.randrange(len(spare))]
+        counts[out[i]] -= 1
+        out[i] = missing
+        counts[missing] = 1
+    return out
+
+
+def _realize(
+    frame: _Frame, spec: dict[ObjectAttribute, Value], rng: random.Random, base: Panel | None = None
+) -> Panel | None:
+    """The objects of a panel with the attribute values ``spec`` (None when they do not fit together)."""
+    shapes: tuple[Shape, ...] = ()
+    lines: tuple[Line, ...] = ()
+    if frame.has_shapes:
+        if _POSITION in spec:
+            cells = sorted(cast(frozenset[int], spec[_POSITION]))
+        elif _NUMBER in spec:
+            count = cast(int, spec[_NUMBER])
+            old = [s.position for s in base.shapes] if base is not None else []
+            if base is None:
+                cells = sorted(rng.sample(range(9), count))
+            elif len(old) >= count:
+                cells = old if len(old) == count else sorted(rng.sample(old, count))
+            else:
+                free = [c for c in range(9) if c not in old]
+                cells = sorted(old + rng.sample(free, count - len(old)))
+        else:
+            cells = sorted(frame.constants[_POSITION])
+        columns = []
+        for attribute in _SHAPE_VALUE_ATTRIBUTES:
+            key = ("shape", attribute)
+            values = cast(frozenset[int] | None, spec.get(key))
+            if values is None:
+                columns.append([frame.constants[key]] * len(cells))
+                continue
+            if len(values) > len(cells):
+                return None
+            previous = {s.position: getattr(s, attribute) for s in base.shapes} if base is not None else {}
+            columns.append(_assign(cells, values, previous, rng))
+        shapes = tuple(Shape(*fields) for fields in zip(cells, *columns, strict=True))
+    if frame.has_lines:
+        types = sorted(cast(frozenset[int], spec.get(_LINE_TYPE, frame.constants.get(_LINE_TYPE))))
+        colors = cast(frozenset[int] | None, spec.get(_LINE_COLOR))
+        if colors is None:
+            assigned = [frame.constants[_LINE_COLOR]] * len(types)
+        elif len(colors) > len(types):
+            return None
+        else:
+            previous = {line.type: line.color for line in base.lines} if base is not None else {}
+            assigned = _assign(types, colors, previous, rng)
+        lines = tuple(Line(t, c) for t, c in zip(types, assigned, strict=True))
+    return Panel(shapes, lines)
+
+
+def _shows_spurious_relation(frame: _Frame, panels: Sequence[Panel]) -> bool:
+    """Whether a triple outside the puzzle holds on the two complete rows."""
+    for triple in TRIPLES:
+        if triple in frame.triples:
+            continue
+        if (triple[0] == "shape" and not frame.has_shapes) or (triple[0] == "line" and not frame.has_lines):
+            continue
+        if relation_holds(triple, panels, rows=(0, 1)):
+            return True
+    return False
