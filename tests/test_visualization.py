@@ -140,7 +140,7 @@ def test_dynamic_inference_shows_in_the_trace(model, pixels):
     with torch.no_grad():
         expected = model(pixel_values=pixels, task_ids=TASK_IDS, disabled_functions=[1]).logits
     np.testing.assert_array_equal(off.logits, expected.numpy())
-    assert "functions 1 off" in vis._title(off, 0)
+    assert "functions 1 off" in vis.figures._title(off, 0)
 
 
 def test_type_projection_data(trace):
