@@ -1,9 +1,11 @@
 """Every file a user doc points to exists: relative links (Markdown and HTML, with their #anchors) and repository paths
-written in backticks, in the README, docs/, examples/README.md, benchmarks/README.md and demo/README.md; the README
-stays a landing page of at most 250 lines, and docs/index.md lists every doc."""
+written in backticks, in the README, docs/, examples/README.md, benchmarks/README.md and demo/README.md; every
+`ni_hf.` name they write in backticks can be imported; the README stays a landing page of at most 250 lines, and
+docs/index.md lists every doc."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -35,6 +37,7 @@ HTML_LINK = re.compile(r"<(?:img|a|source)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"", 
 CODE_SPAN = re.compile(r"(`+)([^`]+?)\1")
 # A backticked repository path: a top-level folder of the repository, then a path without globs or placeholders.
 REPOSITORY_PATH = re.compile(r"(?:docs|examples|benchmarks|src|tests|demo|model_cards|\.ci)/[\w.\-/]*")
+PACKAGE_NAME = re.compile(r"\bni_hf(?:\.[A-Za-z_]\w*)+")
 HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.MULTILINE)
 HTML_ANCHOR = re.compile(r"<a\b[^>]*\b(?:id|name)=\"([^\"]+)\"", re.IGNORECASE)
 
@@ -86,6 +89,29 @@ def broken_references(path: Path, root: Path = ROOT) -> list[str]:
     return broken
 
 
+def missing_names(path: Path) -> list[str]:
+    """The `ni_hf.` names written in backticks in `path` that are neither a module nor an attribute of one."""
+    missing = []
+    for _, span in CODE_SPAN.findall(prose(path.read_text(encoding="utf-8"))):
+        for name in PACKAGE_NAME.findall(span):
+            parts = name.split(".")
+            for split in range(len(parts), 0, -1):
+                module = ".".join(parts[:split])
+                try:
+                    found: object = importlib.import_module(module)
+                    break
+                except (
+                    ModuleNotFoundError
+                ) as error:  # a missing dependency of a module that exists is an error
+                    if error.name is None or not f"{module}.".startswith(f"{error.name}."):
+                        raise
+            for attribute in parts[split:]:
+                found = getattr(found, attribute, None)
+            if found is None:
+                missing.append(name)
+    return missing
+
+
 def doc_id(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
@@ -104,6 +130,12 @@ def doc_id(path: Path) -> str:
 def test_every_file_a_doc_points_to_exists(doc: Path) -> None:
     broken = broken_references(doc)
     assert not broken, f"{doc_id(doc)} points to what does not exist:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("doc", [pytest.param(path, id=doc_id(path)) for path in DOCS])
+def test_every_package_name_a_doc_writes_can_be_imported(doc: Path) -> None:
+    missing = missing_names(doc)
+    assert not missing, f"{doc_id(doc)} names what ni_hf does not have: {', '.join(sorted(set(missing)))}"
 
 
 def test_the_readme_is_a_landing_page_of_at_most_250_lines() -> None:
@@ -140,4 +172,17 @@ def test_the_check_finds_missing_files_anchors_and_paths(tmp_path: Path) -> None
         "link other.md#nowhere: no heading '#nowhere' in docs/other.md",
         "link ../docs/none.png: no file docs/none.png",
         "path `docs/runs/result.json`: no such file in the repository",
+    ]
+
+
+def test_the_check_finds_package_names_that_do_not_exist(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        '`ni_hf.NeuralInterpreterConfig.from_paper("digits")` `ni_hf.data.augmentation.BatchRandAugment`\n'
+        "`ni_hf.training.no_such_module` `ni_hf.NeuralInterpreterConfig.no_such_method` `import ni_hf`\n"
+        "```python\nni_hf.in_a_code_block\n```\n"
+    )
+    assert missing_names(doc) == [
+        "ni_hf.training.no_such_module",
+        "ni_hf.NeuralInterpreterConfig.no_such_method",
     ]
