@@ -163,7 +163,7 @@ class DeepMindPGMFolder(torch.utils.data.Dataset):
         if not self.root.is_dir():
             raise FileNotFoundError(f"DeepMind PGM folder {str(self.root)!r} does not exist. {DEEPMIND_HELP}")
         self.split, self.regime, self.skip_bad_files = split, regime, skip_bad_files
-        self.skip_log = skip_log or SkipLog()
+        self.skip_log = skip_log if skip_log is not None else SkipLog()
         self.num_shards = num_shards
         self._dirs, self._dir_index, self._names, found = _scan_folder(self.root, regime, split)
         if len(self._names) == 0:
@@ -424,7 +424,7 @@ class DeepMindPGMArchive:
         self.path, self.split, self.regime = path, split, regime
         self.max_samples, self.skip_bad_files, self.num_shards = max_samples, skip_bad_files, num_shards
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
-        self.skip_log = skip_log or SkipLog()
+        self.skip_log = skip_log if skip_log is not None else SkipLog()
         self.kind = f"PGM_{regime}_{split}"
         self.excluded: frozenset[str] = frozenset()
         self._index: ArchiveIndex | None = None

@@ -169,7 +169,7 @@ class HubParquetFiles:
         skip_log: SkipLog | None,
     ) -> None:
         self.label, self.skip_bad_files = label, skip_bad_files
-        self.skip_log = skip_log or SkipLog()
+        self.skip_log = skip_log if skip_log is not None else SkipLog()
         self.layout: Layout | None = None
         self.rows: list[tuple[str, int]] = []  # (file, rows read from it), files in order
         remaining = max_samples
@@ -267,7 +267,7 @@ class HubRepoStream:
         skip_log,
     ) -> None:
         self.stream, self.label, self.skip_bad_files = stream.decode(False), label, skip_bad_files
-        self.skip_log = skip_log or SkipLog()
+        self.skip_log = skip_log if skip_log is not None else SkipLog()
         columns = stream.column_names or list(next(iter(self.stream)).keys())
         self.layout = hub_layout(columns, label)
         self.num_rows = num_rows
@@ -327,7 +327,7 @@ class HubPGMRows(torch.utils.data.Dataset):
         skip_log: SkipLog | None,
     ) -> None:
         self.dataset, self.label, self.skip_bad_files = dataset.with_format("arrow"), label, skip_bad_files
-        self.skip_log = skip_log or SkipLog()
+        self.skip_log = skip_log if skip_log is not None else SkipLog()
         self.layout = hub_layout(dataset.column_names, label)
         self.rows = np.arange(len(dataset))
         self.files = files

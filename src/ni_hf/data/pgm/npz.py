@@ -78,8 +78,9 @@ def _read_small(archive: zipfile.ZipFile, member: str) -> np.ndarray:
 
 
 def inspect_deepmind_npz(file: str | os.PathLike[str] | IO[bytes], name: str | None = None) -> None:
-    """Check one DeepMind `.npz` without reading its pixels: that it opens, its keys, `image`'s shape, dtype
-    and stored size, and the labels in full (a few bytes); raise :class:`PGMFileError` naming what is wrong."""
+    """Check one DeepMind `.npz` without reading its uint8 pixels: that it opens, its keys, `image`'s shape,
+    dtype and stored size, and the labels in full (a few bytes); pixels of another integer type are read to check
+    their range. Raise :class:`PGMFileError` naming what is wrong."""
     where = name if name is not None else os.fspath(file)  # type: ignore[arg-type]
     try:
         with zipfile.ZipFile(file) as archive:
@@ -88,6 +89,8 @@ def inspect_deepmind_npz(file: str | os.PathLike[str] | IO[bytes], name: str | N
             shape, dtype, header_bytes = _header(archive, members[image_key])
             stored = archive.getinfo(members[image_key]).file_size
             labels = [_read_small(archive, members[key]) for key in label_keys]
+            # Pixels other than uint8 may leave 0-255: those (rare) files are read in full.
+            image = _read_small(archive, members[image_key]) if np.dtype(dtype) != np.uint8 else None
     except PGMFileError:
         raise
     except Exception as err:  # zipfile, numpy's header parser, zlib: a file that is not a readable .npz
@@ -99,3 +102,5 @@ def inspect_deepmind_npz(file: str | os.PathLike[str] | IO[bytes], name: str | N
             where, f"'image' stores {stored} bytes; its header {shape} {dtype} needs {expected} (truncated?)"
         )
     check_labels(*labels, where)
+    if image is not None:
+        panels_from_image(image, where)
