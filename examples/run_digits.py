@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
-import numpy as np
 import torch
-from transformers import HfArgumentParser, PretrainedConfig, Trainer, TrainingArguments, set_seed
+from transformers import PretrainedConfig
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
 from ni_hf import (
@@ -37,7 +34,6 @@ from ni_hf import (
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
-from ni_hf.data.augmentation import OPERATION_NAMES, BatchRandAugment, select_operations
 from ni_hf.data.digits import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
@@ -52,21 +48,24 @@ from ni_hf.data.digits import (
 )
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PAPER_PRESETS
 from ni_hf.training.callbacks import time_limit_callbacks
-from ni_hf.training.checkpoints import (
-    ExactResumeMixin,
-    check_weights_readable,
-    load_checked,
-    output_dir_lock,
-    read_checkpoint_config,
-    resolve_resume_checkpoint,
+from ni_hf.training.checkpoints import check_weights_readable, read_checkpoint_config
+from ni_hf.training.data_transfer import compile_for_static_batches
+from ni_hf.training.evaluation import load_multitask_accuracy, make_compute_metrics
+from ni_hf.training.image_classification import (
+    AugmentationArguments,
+    ImageClassificationTrainer,
+    build_augmentation,
+    check_augmentation,
+    routing_assets_writer,
+    task_sizes,
 )
-from ni_hf.training.data_transfer import apply_gpu_loading_defaults, compile_for_static_batches
-from ni_hf.training.evaluation import CopiedPredictionsMixin, load_multitask_accuracy, make_compute_metrics
 from ni_hf.training.model_cards import DEFAULT_DIGITS_TEMPLATE, digits_task_info, write_digits_model_card
 from ni_hf.training.paths import check_model_path
-from ni_hf.training.presets import DIGITS_PRESETS, parse_config_overrides, parse_with_presets, preset_field
-from ni_hf.training.publishing import hub_repo_id, push_run, reconstruct_command
-from ni_hf.training.run_setup import setup_logging
+from ni_hf.training.presets import DIGITS_PRESETS, parse_config_overrides, preset_field
+from ni_hf.training.publishing import hub_repo_id
+from ni_hf.training.run_flow import ExampleRun, argv_of
+from ni_hf.training.run_flow import parse_arguments as parse_script_arguments
+from ni_hf.training.run_setup import ExampleTrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +74,8 @@ ARCHITECTURES = {
     "vit": (MultiTaskViTConfig, MultiTaskViTForImageClassification),
 }
 DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "id2label", "label2id")
+# Settings of the PGM panel CNN, which an image classifier never reads.
+UNREAD_CONFIG_KEYS = ("panel_size", "panel_cnn_layers", "panel_cnn_channels", "panel_cnn_kernel_size")
 SKLEARN_LIMITATION = (
     "scikit-learn's digits are 8x8 images upsampled to 32x32: a check of the pipeline, not a benchmark."
 )
@@ -107,17 +108,18 @@ class ModelArguments:
             "choices": list(ARCHITECTURES),
         },
     )
-    config_name: str = field(
+    paper_config: str = field(
         default="digits",
         metadata={
-            "help": "Preset of the paper's appendix tables to start the config from.",
+            "help": "Model settings of the paper's appendix tables to start the config from "
+            "(NeuralInterpreterConfig.from_paper).",
             "choices": list(PAPER_PRESETS),
         },
     )
     config_overrides: str | None = field(
         default=None,
         metadata={
-            "help": "Config settings changed from --config_name, as key=value pairs with JSON values, e.g. "
+            "help": "Config settings changed from --paper_config, as key=value pairs with JSON values, e.g. "
             "'num_functions=6,truncation_tau=1.2', merged key by key with the preset's. task_names and num_labels "
             "come from the data."
         },
@@ -125,14 +127,14 @@ class ModelArguments:
     attn_implementation: str | None = field(
         default=None,
         metadata={
-            "help": "Attention: 'eager' (the literal Eq. 6), 'sdpa' or 'fast' (the package's CPU fast path); "
-            "default: the model's choice."
+            "help": "Neural Interpreter only: 'eager' (the literal Eq. 6), 'sdpa' or 'fast' (the package's CPU fast "
+            "path); default: the model's choice."
         },
     )
 
 
 @dataclass
-class DataArguments:
+class DataArguments(AugmentationArguments):
     """Which datasets to train and evaluate on, and how to augment them."""
 
     dataset_source: str | None = field(
@@ -169,34 +171,12 @@ class DataArguments:
         default=None,
         metadata={"help": "At most this many test samples per dataset (a seeded random subset)."},
     )
-    randaugment: bool = field(default=True, metadata={"help": "Augment training batches with RandAugment."})
-    randaugment_num_ops: int = field(default=2, metadata={"help": "RandAugment: operations per image (n)."})
-    randaugment_magnitude: float = field(
-        default=9.0,
-        metadata={"help": "RandAugment magnitude m on timm's scale, in [0, 10] (paper: rand-m9)."},
-    )
-    randaugment_operations: list[str] | None = field(
-        default=None,
-        metadata={"help": "RandAugment operations to draw from (default: all): " + " ".join(OPERATION_NAMES)},
-    )
-    randaugment_probability: float = field(
-        default=0.5,
-        metadata={"help": "RandAugment: probability that an image gets a drawn operation (timm: 0.5)."},
-    )
 
 
 @dataclass
-class DigitsTrainingArguments(TrainingArguments):
+class DigitsTrainingArguments(ExampleTrainingArguments):
     """TrainingArguments with the paper's recipe as defaults."""
 
-    do_train: bool = field(
-        default=True, metadata={"help": "Train (--do_train false: evaluate --model_name_or_path)."}
-    )
-    do_eval: bool = field(default=True, metadata={"help": "Evaluate on the test sets after training."})
-    radam: bool = field(
-        default=True,
-        metadata={"help": "Optimize with torch.optim.RAdam (the paper's); --radam false uses --optim."},
-    )
     learning_rate: float = field(default=8e-4, metadata={"help": "Peak learning rate (paper: 8e-4)."})
     lr_scheduler_type: SchedulerType | str = field(
         default="cosine_with_min_lr", metadata={"help": "Learning-rate schedule (paper: cosine, no warm-up)."}
@@ -210,34 +190,17 @@ class DigitsTrainingArguments(TrainingArguments):
     )
     per_device_eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch per process."})
     num_train_epochs: float = field(default=100.0, metadata={"help": "Training epochs (paper: 100)."})
-    max_train_minutes: float | None = field(
-        default=None, metadata={"help": "Stop training once this many minutes have passed (a guard)."}
-    )
     eval_strategy: IntervalStrategy | str = field(default="epoch", metadata={"help": "When to evaluate."})
     save_strategy: SaveStrategy | str = field(
         default="epoch", metadata={"help": "When to save a checkpoint."}
     )
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
-    logging_steps: float = field(
-        default=50, metadata={"help": "Log the training loss every this many steps."}
-    )
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Must stay false: images are preprocessed on the fly."}
-    )
     label_names: list[str] | None = field(
         default_factory=lambda: ["labels", "task_ids"],
         metadata={"help": "What the metrics receive as labels."},
     )
-    dataloader_num_workers: int | None = field(
-        default=None, metadata={"help": "DataLoader workers (default: a few on a GPU, none on the CPU)."}
-    )
-    dataloader_pin_memory: bool = field(
-        default=torch.cuda.is_available(),
-        metadata={"help": "Pin batches (default: where CUDA is available)."},
-    )
 
     def __post_init__(self) -> None:
-        apply_gpu_loading_defaults(self)  # before transformers turns accelerator_config into its own class
         if self.dataloader_num_workers == 0:  # no worker to keep alive (the quickstart preset asks for one)
             self.dataloader_persistent_workers = False
         super().__post_init__()
@@ -247,50 +210,58 @@ ARGUMENTS = (ModelArguments, DataArguments, DigitsTrainingArguments)
 
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, DigitsTrainingArguments]:
-    """The command line, with ``--preset``'s values as defaults (an explicit flag wins)."""
-    return parse_with_presets(HfArgumentParser(ARGUMENTS), PRESETS, argv)
+    """The command line, with ``--preset``'s values as defaults (an explicit flag wins), checked before any work."""
+    return parse_script_arguments(ARGUMENTS, PRESETS, argv, check=check_arguments)
 
 
 def check_arguments(
-    model_args: ModelArguments, data_args: DataArguments, args: DigitsTrainingArguments
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    args: DigitsTrainingArguments,
+    given: frozenset[str] = frozenset(),
 ) -> None:
     """Refuse what cannot work or would do nothing, before any data or model is loaded."""
-    optim = str(getattr(args.optim, "value", args.optim))
-    default_optim = TrainingArguments.__dataclass_fields__["optim"].default
-    if args.radam and optim != str(getattr(default_optim, "value", default_optim)):
-        raise ValueError(
-            f"--optim {optim} with --radam true: RAdam would be used; pass --radam false to use --optim."
-        )
-    if args.do_train and (args.max_steps == 0 or (args.max_steps < 0 and args.num_train_epochs <= 0)):
-        what = "--max_steps 0" if args.max_steps == 0 else f"--num_train_epochs {args.num_train_epochs:g}"
-        raise ValueError(f"{what}: no training step would run; pass a positive number (or --do_train false).")
     for name in ("max_train_samples", "max_eval_samples"):
         value = getattr(data_args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} {value}: must be at least 1 (leave it out to use every sample).")
     resolve_dataset_source(data_args.dataset_source, data_args.data_dir)
-    if data_args.randaugment and args.do_train:
-        BatchRandAugment(
-            data_args.randaugment_num_ops,
-            data_args.randaugment_magnitude,
-            data_args.randaugment_probability,
-            policy=select_operations(data_args.randaugment_operations),
+    check_augmentation(data_args, given, args.do_train)
+    config_class = ARCHITECTURES[model_args.architecture][0]
+    overrides = parse_config_overrides(model_args.config_overrides, config_class)
+    unread = [key for key in UNREAD_CONFIG_KEYS if key in overrides]
+    if unread:
+        raise ValueError(
+            f"--config_overrides {', '.join(unread)}: an image classifier has no panel CNN to read it."
         )
+    if model_args.architecture == "vit" and model_args.attn_implementation == "fast":
+        if "attn_implementation" in given:
+            raise ValueError(
+                "--attn_implementation fast is the Neural Interpreter's CPU kernels; the ViT runs transformers' "
+                "attention ('eager' or 'sdpa')."
+            )
+        model_args.attn_implementation = None  # the preset's choice for a Neural Interpreter
     path = model_args.model_name_or_path
     if path is None:
         if not args.do_train:
             raise ValueError("--do_train false evaluates a saved model and needs --model_name_or_path.")
         return
+    check_evaluation_only(model_args, args, given)
+    model_args.model_name_or_path = check_model_path(path)
+    check_weights_readable(model_args.model_name_or_path)
+
+
+def check_evaluation_only(
+    model_args: ModelArguments, args: DigitsTrainingArguments, given: frozenset[str]
+) -> None:
+    """--model_name_or_path evaluates a saved model: refuse what would train, change or overwrite something."""
+    path = model_args.model_name_or_path
     if args.do_train:
         raise ValueError(
             f"--model_name_or_path {path} evaluates a saved model and needs --do_train false; to continue a "
             "training run, use --resume_from_checkpoint."
         )
-    preset = PRESETS[model_args.preset].config
-    given = parse_config_overrides(model_args.config_overrides, ARCHITECTURES[model_args.architecture][0])
-    if [
-        key for key, value in given.items() if key not in preset or preset[key] != value
-    ]:  # the user's, not the preset's
+    if "config_overrides" in given:
         raise ValueError(
             "--config_overrides: settings of a new model; a saved model's config is used as saved."
         )
@@ -308,8 +279,6 @@ def check_arguments(
             f"--output_dir {args.output_dir} holds a saved model ({', '.join(saved)}); --do_train false writes "
             "eval_results.json there: pass an --output_dir of its own."
         )
-    model_args.model_name_or_path = check_model_path(path)
-    check_weights_readable(model_args.model_name_or_path)
 
 
 def build_config(model_args: ModelArguments, task_names: list[str]) -> PretrainedConfig:
@@ -319,7 +288,7 @@ def build_config(model_args: ModelArguments, task_names: list[str]) -> Pretraine
         model_args.config_overrides, config_class, reserved=DATA_DEFINED_CONFIG_KEYS
     )
     config = config_class.from_paper(
-        model_args.config_name,
+        model_args.paper_config,
         **overrides,
         task_names=task_names,
         num_labels=len(DIGIT_CLASS_NAMES),
@@ -327,7 +296,8 @@ def build_config(model_args: ModelArguments, task_names: list[str]) -> Pretraine
         label2id={name: i for i, name in enumerate(DIGIT_CLASS_NAMES)},
     )
     logger.info(
-        f"Config: {model_args.architecture} preset {model_args.config_name!r}, changes {overrides or 'none'}"
+        f"Config: {model_args.architecture} from the paper's {model_args.paper_config!r} settings, changes "
+        f"{overrides or 'none'}"
     )
     return config
 
@@ -368,111 +338,30 @@ def resolve_tasks(data_args: DataArguments, default: list[str] | None = None) ->
     return source, list(PAPER_TASKS)
 
 
-def task_sizes(dataset: datasets.Dataset, task_names: list[str], split: str) -> list[int]:
-    """Rows of each task in a split; a task without any is refused by name."""
-    counts = np.bincount(
-        np.asarray(dataset.with_format(None)["task_id"], dtype=np.int64), minlength=len(task_names)
-    )
-    empty = [name for name, count in zip(task_names, counts, strict=True) if count == 0]
-    if empty:
-        raise ValueError(
-            f"The {split} split of {', '.join(empty)} holds no samples: nothing to train or evaluate on."
-        )
-    return [int(count) for count in counts]
+DigitsTrainer = ImageClassificationTrainer  # the name this script's tests and callers know
 
 
-class DigitsTrainer(ExactResumeMixin, CopiedPredictionsMixin, Trainer):
-    """Trainer that augments training batches on the training device, and leaves the eval loss to compute_metrics."""
-
-    def __init__(self, *args: Any, augmentation: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.augmentation = augmentation
-
-    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None):
-        """RandAugment ``pixel_values`` once the batch is on the device, then train as usual."""
-        if self.augmentation is not None:
-            inputs = self._prepare_inputs(inputs)
-            inputs["pixel_values"] = self.augmentation(inputs["pixel_values"])
-        return super().training_step(model, inputs, num_items_in_batch)
-
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Logits and labels without the batch loss (compute_metrics computes the exact mean over samples)."""
-        _, logits, labels = super().prediction_step(model, inputs, False, ignore_keys=ignore_keys)
-        return None, logits, labels
-
-
-def add_routing_to_card(
-    model: torch.nn.Module, test: datasets.Dataset, card: Path, num_images: int = 64
-) -> None:
-    """Append the computational path of a test image and the function usage of a test batch to the model card."""
-    try:
-        from ni_hf.visualization import write_routing_card_assets
-    except ImportError as error:  # matplotlib is the `vis` extra
-        logger.warning(f"No routing picture on the model card ({error}); pip install 'ni_hf[vis]' for it")
-        return
-    batch = test.shuffle(seed=0).select(range(min(num_images, len(test))))[:]
-    assets = write_routing_card_assets(
-        model,
-        torch.as_tensor(np.stack(batch["pixel_values"])).to(model.device),
-        torch.as_tensor(batch["task_ids"]),
-        card.parent,
-        labels=batch["labels"],
-    )
-    with card.open("a") as f:
-        f.write("\n" + assets["markdown"].rstrip() + "\n")
-    logger.info(
-        f"Routing picture and function usage added to the model card: {', '.join(map(str, assets['files']))}"
-    )
-
-
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Train and evaluate; return the final metrics (also in <output_dir>/all_results.json)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    model_args, data_args, args = parse_arguments(argv)
-    check_arguments(model_args, data_args, args)
-    push_to_hub, args.push_to_hub = args.push_to_hub, False  # uploaded at the end, with our model card
-    setup_logging(args, logger, transformers_info=True)
-    logger.warning(
-        f"Process {args.process_index} of world size {args.world_size}: device {args.device}, "
-        f"distributed {args.parallel_mode.value}"
-    )
-    with output_dir_lock(args.output_dir, enabled=args.should_save):
-        return run(model_args, data_args, args, argv, push_to_hub)
-
-
-def run(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    args: DigitsTrainingArguments,
-    argv: list[str],
-    push_to_hub: bool,
-) -> dict[str, float]:
-    """Data, model, Trainer, train, evaluate, card, push."""
-    # Config, model, data
-    set_seed(args.seed)
-    compile_for_static_batches(args)
-    callbacks = time_limit_callbacks(args.max_train_minutes)  # refuses a bad value before the data
-    resume = args.resume_from_checkpoint if args.do_train else None
-    checkpoint = resolve_resume_checkpoint(resume, args.output_dir)
-    if model_args.model_name_or_path is not None:
+def config_and_tasks(
+    model_args: ModelArguments, data_args: DataArguments
+) -> tuple[PretrainedConfig, str, list[str]]:
+    """The model's config (built, or a saved model's) and the data source and tasks to load."""
+    if model_args.model_name_or_path is None:
+        source, task_names = resolve_tasks(data_args)
+        config = build_config(model_args, task_names)
+    else:
         config = load_saved_config(model_args)
         source, task_names = resolve_tasks(data_args, default=list(config.task_names))
         unknown = [name for name in task_names if name not in config.task_names]
         if unknown:
             raise ValueError(f"--task_names {' '.join(unknown)}: the saved model has no head for them.")
-    else:
-        source, task_names = resolve_tasks(data_args)
-        config = build_config(model_args, task_names)
-    # The model before the data: a wrong override or weights that do not fit should not wait.
     config.problem_type = config.problem_type or "single_label_classification"
-    model_class = ARCHITECTURES[model_args.architecture][1]
-    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
-    if model_args.model_name_or_path is not None:
-        path, allow = model_args.model_name_or_path, model_args.allow_mismatched_weights
-        model = load_checked(model_class, path, allow_mismatched_weights=allow, config=config, **kwargs)
-    else:
-        model = model_class._from_config(config, **kwargs)
-    logger.info(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters")
+    return config, source, task_names
+
+
+def load_data(
+    data_args: DataArguments, args: DigitsTrainingArguments, source: str, task_names: list[str]
+) -> tuple[Any, list[str], list[int], list[int]]:
+    """The datasets (train, test) and each task's training and test sizes, logged."""
     with args.main_process_first(desc="loading the datasets"):
         raw, task_names = load_digits_tasks(
             task_names,
@@ -486,33 +375,50 @@ def run(
     eval_counts = task_sizes(raw["test"], task_names, "test") if args.do_eval else [0] * len(task_names)
     for name, n_train, n_eval in zip(task_names, train_counts, eval_counts, strict=True):
         logger.info(f"Dataset {name!r} ({source}): {n_train} training samples, {n_eval} test samples")
+    return raw, task_names, train_counts, eval_counts
 
-    # Transforms
+
+def log_test_accuracies(eval_metrics: dict[str, Any], task_names: list[str]) -> None:
+    for name in [*task_names, None]:
+        suffix = f"_{name}" if name else ""
+        accuracy = 100 * eval_metrics.get(f"eval_accuracy{suffix}", math.nan)
+        samples = int(eval_metrics.get(f"eval_num_samples{suffix}", 0))
+        logger.info(f"Test accuracy {name or 'overall'}: {accuracy:.2f}% ({samples} samples)")
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Train and evaluate; return the final metrics (also in <output_dir>/all_results.json)."""
+    argv = argv_of(argv)
+    model_args, data_args, args = parse_arguments(argv)
+    with ExampleRun.start(__file__, argv, args, logger) as run:
+        return train_and_evaluate(run, model_args, data_args, args)
+
+
+def train_and_evaluate(
+    run: ExampleRun, model_args: ModelArguments, data_args: DataArguments, args: DigitsTrainingArguments
+) -> dict[str, float]:
+    """Config, model, data, Trainer, train, evaluate, card, push."""
+    compile_for_static_batches(args)
+    callbacks = time_limit_callbacks(args.max_train_minutes)
+    run.resume_checkpoint()  # a bad --resume_from_checkpoint is refused before the data
+    config, source, task_names = config_and_tasks(model_args, data_args)
+    # The model before the data: a wrong override or weights that do not fit should not wait.
+    model = run.model(
+        ARCHITECTURES[model_args.architecture][1],
+        config=config,
+        path=model_args.model_name_or_path,
+        allow_mismatched_weights=model_args.allow_mismatched_weights,
+        attn_implementation=model_args.attn_implementation,
+    )
+    raw, task_names, train_counts, eval_counts = load_data(data_args, args, source, task_names)
     model_task_ids = [list(config.task_names).index(name) for name in task_names]
     processor = NeuralInterpreterImageProcessor(
         size={"height": config.image_size, "width": config.image_size}, patch_size=config.patch_size
     )
-    raw["train"].set_transform(DigitsTransform(processor, model_task_ids))
-    raw["test"].set_transform(DigitsTransform(processor, model_task_ids))
-    augmentation = None
-    if data_args.randaugment and args.do_train:
-        augmentation = BatchRandAugment(
-            data_args.randaugment_num_ops,
-            data_args.randaugment_magnitude,
-            data_args.randaugment_probability,
-            image_mean=processor.image_mean,
-            image_std=processor.image_std,
-            policy=select_operations(data_args.randaugment_operations),
-        ).to(args.device)
-        logger.info(f"Training batches augmented on {args.device}: RandAugment({augmentation.extra_repr()})")
-
-    # Trainer
+    for split in ("train", "test"):
+        raw[split].set_transform(DigitsTransform(processor, model_task_ids))
     with args.main_process_first(desc="loading the metric"):
         metric = load_multitask_accuracy(keep_in_memory=True)
-    optimizer = None
-    if args.radam:
-        betas = (args.adam_beta1, args.adam_beta2)
-        optimizer = (torch.optim.RAdam, {"lr": args.learning_rate, "betas": betas, "eps": args.adam_epsilon})
     trainer = DigitsTrainer(
         model=model,
         args=args,
@@ -520,83 +426,74 @@ def run(
         eval_dataset=raw["test"] if args.do_eval else None,
         processing_class=processor,
         compute_metrics=make_compute_metrics(task_names, model_task_ids, metric),
-        optimizer_cls_and_kwargs=optimizer,
-        augmentation=augmentation,
+        optimizer_cls_and_kwargs=run.optimizer(),
+        augmentation=build_augmentation(data_args, processor, args.device, args.do_train),
         callbacks=callbacks,
     )
-
-    # Train
     train_metrics: dict[str, Any] = {}
     if args.do_train:
-        if checkpoint:
-            logger.info(f"Resuming from {checkpoint}")
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()  # weights, config (auto_map), model code, preprocessor_config.json
-        train_metrics = {
-            **train_result.metrics,
-            "train_samples": len(raw["train"]),
-            "world_size": args.world_size,
-            "global_step": trainer.state.global_step,
-            "architecture": model_args.architecture,
-        }
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
-
-    # Evaluate
+        train_metrics = run.train(
+            trainer, train_samples=len(raw["train"]), architecture=model_args.architecture
+        )
     eval_metrics: dict[str, Any] = {}
     if args.do_eval:
-        eval_metrics = trainer.evaluate()
-        eval_metrics.update(eval_samples=len(raw["test"]), eval_world_size=args.world_size)
-        trainer.log_metrics("eval", eval_metrics)
-        trainer.save_metrics("eval", eval_metrics)
-        for name in [*task_names, None]:
-            suffix = f"_{name}" if name else ""
-            accuracy = 100 * eval_metrics.get(f"eval_accuracy{suffix}", math.nan)
-            samples = int(eval_metrics.get(f"eval_num_samples{suffix}", 0))
-            logger.info(f"Test accuracy {name or 'overall'}: {accuracy:.2f}% ({samples} samples)")
-
-    # Model card and Hub
-    repo_id = hub_repo_id(args)
+        eval_metrics = run.evaluate(trainer, eval_samples=len(raw["test"]), eval_world_size=args.world_size)
+        log_test_accuracies(eval_metrics, task_names)
     if not args.do_train:
         logger.info(
             f"--do_train false: nothing trained or saved; the evaluation is in {args.output_dir}/eval_results.json"
         )
-    elif trainer.is_world_process_zero():
-        tasks = [
-            digits_task_info(name, source, data_args.data_dir, train_counts[i], eval_counts[i], eval_metrics)
-            for i, name in enumerate(task_names)
-        ]
-        command, launcher_note = reconstruct_command(__file__, argv, args.world_size)
-        path = write_digits_model_card(
-            args.output_dir,
-            template_path=DEFAULT_DIGITS_TEMPLATE,
-            repo_id=repo_id,
-            model=model,
-            tasks=tasks,
-            eval_metrics=eval_metrics,
-            train_metrics=train_metrics,
-            training_args=args,
-            optimizer="RAdam (torch.optim.RAdam)"
-            if args.radam
-            else str(getattr(args.optim, "value", args.optim)),
-            command=command,
-            launcher_note=launcher_note,
-            randaugment=augmentation.extra_repr() if augmentation is not None else None,
-            preset=model_args.preset,
-            max_eval_samples=data_args.max_eval_samples,
-            extra_limitations=[SKLEARN_LIMITATION] if source == "sklearn" else [],
-        )
-        logger.info(f"Model card written to {path}")
-        if model_args.architecture == "neural_interpreter" and args.do_eval:
-            add_routing_to_card(model, raw["test"], path)
-    trainer.accelerator.wait_for_everyone()
-    try:
-        if push_to_hub and trainer.is_world_process_zero():
-            push_run(args.output_dir, args, commit_message="Trained with examples/run_digits.py")
-    finally:
-        trainer.end()
+    elif run.is_main_process:
+        write_card(run, model, trainer, model_args, data_args, source, task_names, train_counts, eval_counts,
+                   train_metrics, eval_metrics, raw["test"])  # fmt: skip
+    run.finish(trainer, "Trained with examples/run_digits.py")
     return {**train_metrics, **eval_metrics}
+
+
+def write_card(
+    run: ExampleRun,
+    model: torch.nn.Module,
+    trainer: ImageClassificationTrainer,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    source: str,
+    task_names: list[str],
+    train_counts: list[int],
+    eval_counts: list[int],
+    train_metrics: dict[str, Any],
+    eval_metrics: dict[str, Any],
+    test: Any,
+) -> None:
+    """The model card (results per dataset, the command, the hardware) and its routing picture."""
+    args = run.args
+    tasks = [
+        digits_task_info(name, source, data_args.data_dir, train_counts[i], eval_counts[i], eval_metrics)
+        for i, name in enumerate(task_names)
+    ]
+    command, launcher_note = run.command()
+    augmentation = trainer.augmentation
+    path = write_digits_model_card(
+        args.output_dir,
+        template_path=DEFAULT_DIGITS_TEMPLATE,
+        repo_id=hub_repo_id(args),
+        model=model,
+        tasks=tasks,
+        eval_metrics=eval_metrics,
+        train_metrics=train_metrics,
+        training_args=args,
+        optimizer="RAdam (torch.optim.RAdam)"
+        if args.radam
+        else str(getattr(args.optim, "value", args.optim)),
+        command=command,
+        launcher_note=launcher_note,
+        randaugment=augmentation.extra_repr() if augmentation is not None else None,
+        preset=model_args.preset,
+        max_eval_samples=data_args.max_eval_samples,
+        extra_limitations=[SKLEARN_LIMITATION] if source == "sklearn" else [],
+    )
+    logger.info(f"Model card written to {path}")
+    if model_args.architecture == "neural_interpreter" and args.do_eval:
+        run.append_routing_picture(path, routing_assets_writer(model, test, path))
 
 
 if __name__ == "__main__":

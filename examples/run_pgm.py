@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import HfArgumentParser, PretrainedConfig, Trainer, set_seed
+from transformers import PretrainedConfig, Trainer
 
 from ni_hf import (
     MultiTaskViTConfig,
@@ -42,24 +41,12 @@ from ni_hf.data.pgm import META_TARGET_NAMES, PGM_SOURCES, load_pgm
 from ni_hf.data.pgm_generator import REGIMES
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PGM_REGIMES
 from ni_hf.training.callbacks import time_limit_callbacks
-from ni_hf.training.checkpoints import load_checked, output_dir_lock, resolve_resume_checkpoint
 from ni_hf.training.model_cards import write_pgm_model_card
-from ni_hf.training.presets import (
-    PGM_MODEL_CONFIGS,
-    PGM_PRESETS,
-    parse_config_overrides,
-    parse_with_presets,
-    preset_field,
-)
-from ni_hf.training.publishing import hub_repo_id, push_run, reconstruct_command
-from ni_hf.training.run_setup import (
-    ExampleTrainingArguments,
-    check_at_least,
-    check_training_arguments,
-    environment,
-    exit_on_bad_arguments,
-    setup_logging,
-)
+from ni_hf.training.presets import PGM_PRESETS, parse_config_overrides, preset_field
+from ni_hf.training.publishing import hub_repo_id
+from ni_hf.training.run_flow import ExampleRun, argv_of
+from ni_hf.training.run_flow import parse_arguments as parse_script_arguments
+from ni_hf.training.run_setup import ExampleTrainingArguments, check_at_least, environment
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +55,8 @@ ARCHITECTURES = {
     "vit": (MultiTaskViTConfig, MultiTaskViTForMultipleChoice),
 }
 RELATION_TYPES = META_TARGET_NAMES[7:]  # progression, XOR, OR, AND, consistent_union
+# Image settings of the configs, which a PGM model (panels through its panel CNN) never reads.
+UNREAD_CONFIG_KEYS = ("image_size", "patch_size", "num_channels")
 SPLITS = {"val": "in distribution", "test": "out of distribution"}
 # Generated training puzzles are prepared once in memory up to this size, else generated anew in every epoch.
 PREPARED_BYTES = 2 << 30
@@ -155,10 +144,6 @@ class DataArguments:
 class PGMTrainingArguments(ExampleTrainingArguments):
     """TrainingArguments with the paper's PGM recipe as defaults."""
 
-    do_train: bool = field(
-        default=True, metadata={"help": "Train (--do_train false: evaluate --model_name_or_path)."}
-    )
-    radam: bool = field(default=True, metadata={"help": "Optimize with torch.optim.RAdam (the paper's)."})
     learning_rate: float = field(default=4e-4, metadata={"help": "Peak learning rate (paper: 4e-4)."})
     lr_scheduler_type: str = field(
         default="cosine_with_min_lr", metadata={"help": "Schedule (paper: cosine)."}
@@ -182,22 +167,22 @@ class PGMTrainingArguments(ExampleTrainingArguments):
         default=True,
         metadata={"help": "Neural Interpreter: also evaluate with 1..all function iterations per script."},
     )
-    max_train_minutes: float | None = field(
-        default=None, metadata={"help": "Stop training after this many minutes (a guard for a lent machine)."}
-    )
 
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, PGMTrainingArguments]:
-    parser = HfArgumentParser((ModelArguments, DataArguments, PGMTrainingArguments))
-    with exit_on_bad_arguments():
-        model_args, data_args, args = parse_with_presets(parser, PGM_PRESETS, argv)
-        check_arguments(model_args, data_args, args)
-    return model_args, data_args, args
+    """The command line, with ``--preset``'s values as defaults (an explicit flag wins), checked before any work."""
+    return parse_script_arguments(
+        (ModelArguments, DataArguments, PGMTrainingArguments), PGM_PRESETS, argv, check=check_arguments
+    )
 
 
-def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: PGMTrainingArguments) -> None:
+def check_arguments(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    args: PGMTrainingArguments,
+    given: frozenset[str] = frozenset(),
+) -> None:
     """Refuse, naming the flag, what would fail or be ignored later, before any data or model is built."""
-    check_training_arguments(args)
     for option, value in (
         ("--num_train_puzzles", data_args.num_train_puzzles),
         ("--num_eval_puzzles", data_args.num_eval_puzzles),
@@ -229,13 +214,27 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
         )
     if data_args.regime not in PGM_REGIMES:
         raise ValueError(f"--regime {data_args.regime}: expected one of {sorted(PGM_REGIMES)}.")
+    config_class = ARCHITECTURES[model_args.architecture][0]
+    unread = [
+        key
+        for key in UNREAD_CONFIG_KEYS
+        if key in parse_config_overrides(model_args.config_overrides, config_class)
+    ]
+    if unread:
+        raise ValueError(
+            f"--config_overrides {', '.join(unread)}: a PGM model reads panels through its panel CNN "
+            "(panel_size, panel_cnn_*), not image patches."
+        )
+    if model_args.model_name_or_path is not None and "config_overrides" in given:
+        raise ValueError(
+            "--config_overrides: settings of a new model; a saved model's config is used as saved."
+        )
 
 
 def build_config(model_args: ModelArguments, regime: str) -> PretrainedConfig:
     """The preset's config for the architecture (the paper's regime selection for a Neural Interpreter), overridden."""
     config_class = ARCHITECTURES[model_args.architecture][0]
-    settings = dict(PGM_MODEL_CONFIGS.get(model_args.preset or "paper", {}).get(model_args.architecture, {}))
-    settings.update(parse_config_overrides(model_args.config_overrides, config_class))
+    settings = parse_config_overrides(model_args.config_overrides, config_class)
     if model_args.architecture == "vit":
         return MultiTaskViTConfig.from_paper("pgm", **settings)
     return NeuralInterpreterConfig.from_paper("pgm", regime=regime, **settings)
@@ -354,109 +353,87 @@ def anytime_curve(trainer: Trainer, model: torch.nn.Module, datasets: dict[str, 
     return rows
 
 
-def add_routing_to_card(model: torch.nn.Module, dataset: Any, collator: PGMCollator, card: Path) -> None:
-    """Append the computational path of a test puzzle and the function usage of a test batch to the model card."""
-    try:
+def routing_assets_writer(model: torch.nn.Module, dataset: Any, collator: PGMCollator, card: Path) -> Any:
+    """What draws the card's routing picture: the computational path of a test puzzle and the function usage of a
+    test batch (``ni_hf.visualization.write_pgm_routing_card_assets``)."""
+
+    def write() -> dict[str, Any]:
         from ni_hf.visualization import write_pgm_routing_card_assets
-    except ImportError as error:  # matplotlib is the `vis` extra
-        logger.warning(f"No routing picture on the model card ({error}); pip install 'ni_hf[vis]' for it")
-        return
-    batch = collator([dataset[i] for i in range(min(64, len(dataset)))])
-    assets = write_pgm_routing_card_assets(
-        model,
-        batch["pixel_values"].to(model.device),
-        batch["labels"],
-        card.parent,
-        meta_targets=batch["meta_target"],
-    )
-    with card.open("a") as f:
-        f.write("\n" + assets["markdown"].rstrip() + "\n")
-    logger.info(
-        f"Routing picture and function usage added to the model card: {', '.join(map(str, assets['files']))}"
-    )
+
+        batch = collator([dataset[i] for i in range(min(64, len(dataset)))])
+        return write_pgm_routing_card_assets(
+            model,
+            batch["pixel_values"].to(model.device),
+            batch["labels"],
+            card.parent,
+            meta_targets=batch["meta_target"],
+        )
+
+    return write
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train and evaluate; return the results (also in <output_dir>/pgm_results.json)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = argv_of(argv)
     model_args, data_args, args = parse_arguments(argv)
-    push_to_hub, args.push_to_hub = args.push_to_hub, False  # uploaded at the end, with our model card
-    setup_logging(args, logger, transformers_info=True)
-    with output_dir_lock(args.output_dir, enabled=args.should_save):
-        return run(model_args, data_args, args, argv, push_to_hub)
+    with ExampleRun.start(__file__, argv, args, logger) as run:
+        return train_and_evaluate(run, model_args, data_args, args)
 
 
-def run(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    args: PGMTrainingArguments,
-    argv: list[str],
-    push_to_hub: bool,
-) -> dict[str, Any]:
-    """Config, model, data, Trainer, train, evaluate, anytime curve, card, push."""
-    set_seed(args.seed)
-    callbacks = time_limit_callbacks(args.max_train_minutes)
-    checkpoint = resolve_resume_checkpoint(
-        args.resume_from_checkpoint if args.do_train else None, args.output_dir
-    )
-    model_class = ARCHITECTURES[model_args.architecture][1]
-    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
-    if model_args.model_name_or_path is not None:
-        path, allow = model_args.model_name_or_path, model_args.allow_mismatched_weights
-        model = load_checked(model_class, path, allow_mismatched_weights=allow, **kwargs)
-    else:
-        model = model_class._from_config(build_config(model_args, data_args.regime), **kwargs)
-    config = model.config
-    logger.info(
-        f"{type(model).__name__}: {model.num_parameters():,} parameters ({model.num_parameters(only_trainable=True):,} "
-        f"trainable), panels {config.panel_size}x{config.panel_size}"
-    )
-
-    # Data: train, val (in distribution), test (out of distribution)
-    seeds = {
-        "train": data_args.generator_seed,
-        "val": data_args.generator_seed,
-        "test": data_args.generator_seed,
-    }
+def load_data(
+    data_args: DataArguments, args: PGMTrainingArguments, config: PretrainedConfig, processor: Any
+) -> tuple[Any, dict[str, Any], dict[str, int]]:
+    """Train, val (in distribution) and test (out of distribution) puzzles; generated ones prepared once."""
+    seed = data_args.generator_seed
     train = (
-        load_split(data_args, "train", config.panel_size, data_args.num_train_puzzles, seeds["train"])
+        load_split(data_args, "train", config.panel_size, data_args.num_train_puzzles, seed)
         if args.do_train
         else None
     )
     evaluation = {
-        split: load_split(data_args, split, config.panel_size, data_args.num_eval_puzzles, seeds[split])
+        split: load_split(data_args, split, config.panel_size, data_args.num_eval_puzzles, seed)
         for split in SPLITS
     }
-    if (
-        data_args.dataset_source == "generated"
-    ):  # generated once, not again at every evaluation (anytime curve)
-        evaluation = {
-            split: [dataset[i] for i in range(len(dataset))] for split, dataset in evaluation.items()
-        }
     sizes = {
         split: len(dataset)
         for split, dataset in {"train": train, **evaluation}.items()
         if hasattr(dataset, "__len__")
     }
     logger.info(f"PGM {data_args.regime} from {data_args.dataset_source}: {sizes} puzzles")
-    processor = NeuralInterpreterPanelProcessor(
-        size={"height": config.panel_size, "width": config.panel_size}
-    )
-    collator = PGMCollator(processor)
-    if data_args.dataset_source == "generated":
+    if (
+        data_args.dataset_source == "generated"
+    ):  # generated once, not again at every evaluation (anytime curve)
         panel_bytes = 4 * config.num_panels * config.panel_size**2  # float32 pixel values of one puzzle
         if train is not None and len(train) * panel_bytes < PREPARED_BYTES:
             train = prepare_puzzles(train, processor, "training")
         evaluation = {
             split: prepare_puzzles(dataset, processor, split) for split, dataset in evaluation.items()
         }
+    return train, evaluation, sizes
 
-    # Trainer
+
+def train_and_evaluate(
+    run: ExampleRun, model_args: ModelArguments, data_args: DataArguments, args: PGMTrainingArguments
+) -> dict[str, Any]:
+    """Config, model, data, Trainer, train, evaluate, anytime curve, card, push."""
+    callbacks = time_limit_callbacks(args.max_train_minutes)
+    run.resume_checkpoint()  # a bad --resume_from_checkpoint is refused before the data
+    path = model_args.model_name_or_path
+    model = run.model(
+        ARCHITECTURES[model_args.architecture][1],
+        config=None if path else build_config(model_args, data_args.regime),
+        path=path,
+        allow_mismatched_weights=model_args.allow_mismatched_weights,
+        attn_implementation=model_args.attn_implementation,
+    )
+    config = model.config
+    logger.info(f"Panels {config.panel_size}x{config.panel_size}")
+    processor = NeuralInterpreterPanelProcessor(
+        size={"height": config.panel_size, "width": config.panel_size}
+    )
+    collator = PGMCollator(processor)
+    train, evaluation, sizes = load_data(data_args, args, config, processor)
     args.label_names = ["labels", "meta_target"]
-    optimizer = None
-    if args.radam:
-        betas = (args.adam_beta1, args.adam_beta2)
-        optimizer = (torch.optim.RAdam, {"lr": args.learning_rate, "betas": betas, "eps": args.adam_epsilon})
     trainer = PGMTrainer(
         model=model,
         args=args,
@@ -465,31 +442,15 @@ def run(
         data_collator=collator,
         processing_class=processor,
         compute_metrics=compute_metrics,
-        optimizer_cls_and_kwargs=optimizer,
+        optimizer_cls_and_kwargs=run.optimizer(),
         callbacks=callbacks,
     )
-
-    # Train
-    results: dict[str, Any] = {"train": {}}
-    if args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()  # weights, config (auto_map), model code, preprocessor_config.json
-        results["train"] = {
-            **train_result.metrics,
-            "global_step": trainer.state.global_step,
-            "world_size": args.world_size,
-        }
-        trainer.log_metrics("train", results["train"])
-        trainer.save_state()
-
-    # Evaluate
+    results: dict[str, Any] = {"train": run.train(trainer) if args.do_train else {}}
     results.update(evaluate_splits(trainer, evaluation))
     if args.anytime and model_args.architecture == "neural_interpreter":
         results["anytime"] = anytime_curve(trainer, model, evaluation)
-
-    # Results, model card and Hub
-    if trainer.is_world_process_zero():
-        command, launcher_note = reconstruct_command(__file__, argv, args.world_size)
+    if run.is_main_process:
+        command, launcher_note = run.command()
         results.update(
             architecture=model_args.architecture,
             regime=data_args.regime,
@@ -501,30 +462,37 @@ def run(
             command=command,
             environment=environment(args),
         )
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "pgm_results.json").write_text(
-            json.dumps(results, indent=2, default=str) + "\n"
-        )
-        logger.info(f"Results written to {args.output_dir}/pgm_results.json")
-        if args.do_train:
-            card = write_pgm_model_card(
-                args.output_dir,
-                results,
-                model=model,
-                training_args=args,
-                repo_id=hub_repo_id(args),
-                launcher_note=launcher_note,
-            )
-            logger.info(f"Model card written to {card}")
-            if model_args.architecture == "neural_interpreter":
-                add_routing_to_card(model, evaluation["test"], collator, card)
-    trainer.accelerator.wait_for_everyone()
-    try:
-        if push_to_hub and args.do_train and trainer.is_world_process_zero():
-            push_run(args.output_dir, args, commit_message="Trained with examples/run_pgm.py")
-    finally:
-        trainer.end()
+        write_results_and_card(run, model, results, launcher_note, evaluation["test"], collator)
+    run.finish(trainer, "Trained with examples/run_pgm.py")
     return results
+
+
+def write_results_and_card(
+    run: ExampleRun,
+    model: torch.nn.Module,
+    results: dict[str, Any],
+    launcher_note: str,
+    test: Any,
+    collator: PGMCollator,
+) -> None:
+    """pgm_results.json, and for a trained model its card with a routing picture (a Neural Interpreter's)."""
+    args = run.args
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(args.output_dir) / "pgm_results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    logger.info(f"Results written to {args.output_dir}/pgm_results.json")
+    if not args.do_train:
+        return
+    card = write_pgm_model_card(
+        args.output_dir,
+        results,
+        model=model,
+        training_args=args,
+        repo_id=hub_repo_id(args),
+        launcher_note=launcher_note,
+    )
+    logger.info(f"Model card written to {card}")
+    if results["architecture"] == "neural_interpreter":
+        run.append_routing_picture(card, routing_assets_writer(model, test, collator, card))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 
 def load_script(path: Path, name: str) -> ModuleType:
@@ -54,3 +59,17 @@ def run_with_forkserver(script: Path, args: list[str], tmp_path: Path) -> str:
     assert "start method: forkserver" in proc.stderr, log[-4000:]
     assert proc.returncode == 0, log[-4000:]
     return log
+
+
+@contextmanager
+def refused(match: str) -> Iterator[None]:
+    """A script's refusal of its command line or data: its ValueError (raised, or the cause of argparse's exit with
+    status 2), whose message matches ``match``."""
+    with pytest.raises((ValueError, SystemExit)) as raised:
+        yield
+    error = raised.value
+    if isinstance(error, SystemExit):
+        assert error.code == 2, f"exit status {error.code}"
+        error = error.__cause__
+    assert isinstance(error, ValueError), repr(error)
+    assert re.search(match, str(error)), f"{match!r} not in {error}"

@@ -71,7 +71,12 @@ def test_the_vit_baseline_runs_on_the_same_scaffolding(tmp_path):
         (["--dataset_source", "deepmind"], "--dataset_source deepmind needs --data_dir"),
         (["--do_train", "false"], "pass --model_name_or_path"),
         (["--architecture", "vit", "--attn_implementation", "fast"], "--attn_implementation is the Neural"),
-        (["--preset", "gpu"], "--preset 'gpu': expected one of"),
+        (["--preset", "gpu"], "--preset given 2 times"),
+        (["--num_train_epochs", "0"], "--num_train_epochs 0: no training step would run"),
+        (["--num_train_epochs", "-1"], "--num_train_epochs -1: no training step would run"),
+        (["--config_overrides", "patch_size=4"], "--config_overrides patch_size: a PGM model reads panels"),
+        (["--save_strategy", "steps", "--save_steps", "0"], "--save_steps must be a positive number"),
+        (["--load_best_model_at_end", "true"], "no evaluation would pick a best model"),
         (["--regime", "everything"], "invalid choice"),
         (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be at least 1"),
         (

@@ -24,10 +24,10 @@ import transformers
 
 __all__ = [
     "DIGITS_PRESETS",
-    "PGM_MODEL_CONFIGS",
     "PGM_PRESETS",
     "Preset",
     "config_setting_names",
+    "explicit_arguments",
     "format_config_overrides",
     "parse_config_overrides",
     "parse_with_presets",
@@ -36,20 +36,44 @@ __all__ = [
 
 CONFIG_OVERRIDES_FIELD = "config_overrides"
 PRESET_FIELD = "preset"
+ARCHITECTURE_FIELD = "architecture"
+DEFAULT_ARCHITECTURE = "neural_interpreter"
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Named settings a script starts from: argument values, and model-config values merged with --config_overrides."""
+    """Named settings a script starts from: argument values, and model-config values merged with --config_overrides.
+
+    ``config`` is the Neural Interpreter's (or the only architecture's); ``architectures`` maps the script's other
+    ``--architecture`` values to their own config settings (the baselines at a matched size).
+    """
 
     help: str
     arguments: Mapping[str, Any] = field(default_factory=dict)  # argument field name -> value
     config: Mapping[str, Any] = field(default_factory=dict)  # model config setting -> value
+    architectures: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Frozen all the way down: a script that changed a preset's dict would change it for every later parse.
         object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
         object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
+        frozen = {name: MappingProxyType(dict(config)) for name, config in self.architectures.items()}
+        object.__setattr__(self, "architectures", MappingProxyType(frozen))
+
+    def config_for(self, architecture: str | None, name: str = "") -> Mapping[str, Any]:
+        """The config settings for ``architecture`` (None or "neural_interpreter": ``config``); a preset with
+        settings for other architectures only is refused for one it has none for, naming what it has."""
+        if architecture in (None, DEFAULT_ARCHITECTURE):
+            return self.config
+        if architecture in self.architectures:
+            return self.architectures[architecture]
+        if not self.config and not self.architectures:
+            return {}
+        known = [DEFAULT_ARCHITECTURE, *self.architectures] if self.config else list(self.architectures)
+        raise ValueError(
+            f"--preset {name} has model settings for --architecture {' or '.join(known)}, not for {architecture!r}; "
+            "choose another preset or give the model's settings with --config_overrides."
+        )
 
 
 def preset_field(presets: Mapping[str, Preset], default: str | None) -> Any:
@@ -148,6 +172,19 @@ def _argument_names(parser: transformers.HfArgumentParser) -> set[str]:
     return {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype) if f.init}
 
 
+def explicit_arguments(parser: argparse.ArgumentParser, argv: Sequence[str]) -> frozenset[str]:
+    """The destinations of the flags written in ``argv`` (not those left at their defaults); unknown flags ignored.
+
+    argparse sets a default only where the namespace lacks the attribute, so a namespace that holds a marker for
+    every destination keeps the marker exactly for the flags that were not given.
+    """
+    marker = object()
+    destinations = {action.dest for action in parser._actions if action.dest != argparse.SUPPRESS}
+    namespace = argparse.Namespace(**dict.fromkeys(destinations, marker))
+    parsed, _ = argparse.ArgumentParser.parse_known_args(parser, list(argv), namespace)
+    return frozenset(name for name, value in vars(parsed).items() if value is not marker)
+
+
 def check_presets(parser: transformers.HfArgumentParser, presets: Mapping[str, Preset]) -> None:
     """Refuse presets that name an argument the parser's dataclasses lack, or config settings without a
     ``config_overrides`` field to merge them into (a mistake in the script, not in the command line)."""
@@ -164,7 +201,7 @@ def check_presets(parser: transformers.HfArgumentParser, presets: Mapping[str, P
             )
         if PRESET_FIELD in preset.arguments or CONFIG_OVERRIDES_FIELD in preset.arguments:
             raise TypeError(f"Preset {name!r}: put config settings in `config`, not in `arguments`.")
-        if preset.config and CONFIG_OVERRIDES_FIELD not in names:
+        if (preset.config or preset.architectures) and CONFIG_OVERRIDES_FIELD not in names:
             raise TypeError(
                 f"Preset {name!r} has config settings, but no dataclass has a `{CONFIG_OVERRIDES_FIELD}` field."
             )
@@ -190,20 +227,27 @@ def parse_with_presets(
     # argparse's own pass finds --preset as the real parse will (abbreviations, "--preset=NAME") and converts no
     # dataclass yet.
     namespace, _ = argparse.ArgumentParser.parse_known_args(parser, argv)
+    repeated = [item for item in argv if item == f"--{PRESET_FIELD}" or item.startswith(f"--{PRESET_FIELD}=")]
+    if len(repeated) > 1:
+        raise ValueError(
+            f"--{PRESET_FIELD} given {len(repeated)} times; a run starts from one preset (later flags override it)."
+        )
     name = getattr(namespace, PRESET_FIELD)
     if name is not None and name not in presets:
         raise ValueError(f"--preset {name!r}: expected one of {list(presets)}.")
     preset = presets[name] if name is not None else Preset(help="")
     parser.set_defaults(**preset.arguments)
     parsed = parser.parse_args_into_dataclasses(args=argv)
-    if preset.config:
+    architecture = next(
+        (getattr(a, ARCHITECTURE_FIELD) for a in parsed if hasattr(a, ARCHITECTURE_FIELD)), None
+    )
+    settings = preset.config_for(architecture, name or "")
+    if settings:
         for arguments in parsed:
             if hasattr(arguments, CONFIG_OVERRIDES_FIELD):
                 given = getattr(arguments, CONFIG_OVERRIDES_FIELD)
                 explicit = _split_overrides(given, "--config_overrides") if given and given.strip() else {}
-                setattr(
-                    arguments, CONFIG_OVERRIDES_FIELD, format_config_overrides({**preset.config, **explicit})
-                )
+                setattr(arguments, CONFIG_OVERRIDES_FIELD, format_config_overrides({**settings, **explicit}))
     return parsed
 
 
@@ -247,10 +291,45 @@ DIGITS_PRESETS: dict[str, Preset] = {
 }
 
 
-# The PGM presets of examples/run_pgm.py: argument values here, the model configs per architecture in
-# PGM_MODEL_CONFIGS (the script merges them with --config_overrides key by key, as `Preset.config`).
+# The model settings of the PGM presets, per architecture: the Neural Interpreter's and the ViT's at a matched size.
+_PGM_CPU_PANELS = dict(panel_size=32, panel_cnn_layers=3, panel_cnn_channels=16)
+_PGM_QUICK_PANELS = dict(panel_size=16, panel_cnn_layers=2, panel_cnn_channels=4)
+_PGM_CPU_MODELS = {
+    "neural_interpreter": dict(
+        hidden_size=64,
+        code_dim=64,
+        num_functions=4,
+        num_attention_heads=2,
+        attention_head_size=16,
+        type_inference_hidden_size=64,
+        num_function_iterations=2,
+        **_PGM_CPU_PANELS,
+    ),
+    # 4 layers: 122,273 parameters against the Neural Interpreter's 125,163 (neutral).
+    "vit": dict(
+        hidden_size=64, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64, **_PGM_CPU_PANELS
+    ),
+}
+_PGM_QUICK_MODELS = {
+    "neural_interpreter": dict(
+        hidden_size=16,
+        code_dim=8,
+        num_functions=3,
+        num_attention_heads=2,
+        attention_head_size=4,
+        type_inference_hidden_size=12,
+        type_dim=6,
+        num_function_iterations=2,
+        **_PGM_QUICK_PANELS,
+    ),
+    "vit": dict(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, **_PGM_QUICK_PANELS
+    ),
+}
+
+# The PGM presets of examples/run_pgm.py.
 PGM_PRESETS: dict[str, Preset] = {
-    # The argument dataclasses' defaults of run_pgm.py are the paper's recipe.
+    # The argument dataclasses' defaults of run_pgm.py are the paper's recipe; the models from_paper("pgm", regime).
     "paper": Preset(
         help="the paper's PGM model per regime (2 scripts x 8 function iterations, d 192) and recipe (batch 72, 30 "
         "epochs, RAdam 4e-4 with cosine decay to 1e-4), 80x80 panels: a GPU job",
@@ -272,6 +351,8 @@ PGM_PRESETS: dict[str, Preset] = {
             "eval_strategy": "no",
             "save_strategy": "no",
         },
+        config=_PGM_CPU_MODELS["neural_interpreter"],
+        architectures={"vit": _PGM_CPU_MODELS["vit"]},
     ),
     "quick": Preset(
         help="a smoke test: a tiny model, 64 generated puzzles of 16x16 panels, one epoch",
@@ -288,54 +369,7 @@ PGM_PRESETS: dict[str, Preset] = {
             "save_strategy": "no",
             "logging_steps": 1,
         },
+        config=_PGM_QUICK_MODELS["neural_interpreter"],
+        architectures={"vit": _PGM_QUICK_MODELS["vit"]},
     ),
-}
-
-_PGM_CPU_PANELS = dict(panel_size=32, panel_cnn_layers=3, panel_cnn_channels=16)
-PGM_MODEL_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    "paper": {"neural_interpreter": {}, "vit": {}},  # from_paper("pgm", regime=...) as it is
-    "cpu": {
-        "neural_interpreter": dict(
-            hidden_size=64,
-            code_dim=64,
-            num_functions=4,
-            num_attention_heads=2,
-            attention_head_size=16,
-            type_inference_hidden_size=64,
-            num_function_iterations=2,
-            **_PGM_CPU_PANELS,
-        ),
-        # 4 layers: 122,273 parameters against the Neural Interpreter's 125,163 (neutral).
-        "vit": dict(
-            hidden_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=2,
-            intermediate_size=64,
-            **_PGM_CPU_PANELS,
-        ),
-    },
-    "quick": {
-        "neural_interpreter": dict(
-            hidden_size=16,
-            code_dim=8,
-            num_functions=3,
-            num_attention_heads=2,
-            attention_head_size=4,
-            type_inference_hidden_size=12,
-            type_dim=6,
-            num_function_iterations=2,
-            panel_size=16,
-            panel_cnn_layers=2,
-            panel_cnn_channels=4,
-        ),
-        "vit": dict(
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=16,
-            panel_size=16,
-            panel_cnn_layers=2,
-            panel_cnn_channels=4,
-        ),
-    },
 }

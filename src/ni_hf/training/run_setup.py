@@ -61,6 +61,15 @@ class ExampleTrainingArguments(TrainingArguments):
         },
     )
     dataloader_pin_memory: bool = field(default=torch.cuda.is_available(), metadata={"help": PIN_MEMORY_HELP})
+    do_train: bool = field(default=True, metadata={"help": "Train (--do_train false: evaluate a saved model)."})
+    do_eval: bool = field(default=True, metadata={"help": "Evaluate after training."})
+    radam: bool = field(
+        default=True,
+        metadata={"help": "Optimize with torch.optim.RAdam (the paper's); --radam false uses --optim."},
+    )
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "Stop training once this many minutes have passed (a guard)."}
+    )
 
     def __post_init__(self) -> None:
         apply_gpu_loading_defaults(
@@ -110,6 +119,7 @@ def check_fields_left_alone(args: Any, fields: Mapping[str, str], reason: str) -
 
 def check_training_arguments(args: Any) -> None:
     """Refuse the TrainingArguments values that transformers accepts but that fail (or do nothing) later."""
+    check_steps_and_strategies(args)
     for name in ("seed", "data_seed"):
         value = getattr(args, name)
         if value is not None and not 0 <= value < 2**32:
@@ -147,6 +157,29 @@ def check_training_arguments(args: Any) -> None:
                 f"--torch_compile_backend {args.torch_compile_backend!r} is not a backend of torch.compile; "
                 f"expected one of {_dynamo.list_backends()}."
             )
+
+
+def check_steps_and_strategies(args: Any) -> None:
+    """Refuse a training run without a step, and options that would be accepted without effect."""
+    if getattr(args, "do_train", False) and (
+        args.max_steps == 0 or (args.max_steps < 0 and not args.num_train_epochs > 0)
+    ):
+        what = "--max_steps 0" if args.max_steps == 0 else f"--num_train_epochs {args.num_train_epochs:g}"
+        raise ValueError(f"{what}: no training step would run; pass a positive number (or --do_train false).")
+    if args.max_steps < -1:
+        raise ValueError(f"--max_steps {args.max_steps}: must be positive, or -1 to train for --num_train_epochs.")
+    eval_strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    if args.load_best_model_at_end and eval_strategy == "no":
+        raise ValueError(
+            "--load_best_model_at_end true with --eval_strategy no: no evaluation would pick a best model; "
+            "pass --eval_strategy epoch (or steps) and a matching --save_strategy."
+        )
+    optim = str(getattr(args.optim, "value", args.optim))
+    default_optim = TrainingArguments.__dataclass_fields__["optim"].default
+    if getattr(args, "radam", False) and optim != str(getattr(default_optim, "value", default_optim)):
+        raise ValueError(
+            f"--optim {optim} with --radam true: RAdam would be used; pass --radam false to use --optim."
+        )
 
 
 def format_bytes(num_bytes: float) -> str:
