@@ -1,9 +1,13 @@
-"""Weights that do not fit the model are refused where a user gives them (run_digits.py, visualize_routing.py, the
-demo), naming the file and the counts; --allow_mismatched_weights loads them anyway. Resume points and the run lock
-are in tests/test_resume.py and tests/test_run_digits.py."""
+"""Weights that do not fit the model, or differ from the SHA-256 recorded when they were saved, are refused where a
+user gives them (run_digits.py, visualize_routing.py, the demo), naming the file and the counts or both hashes;
+--allow_mismatched_weights loads weights that do not fit anyway. Resume points and the run lock are in
+tests/test_resume.py and tests/test_run_digits.py."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -11,10 +15,18 @@ from pathlib import Path
 import _scripts
 import pytest
 import torch
+from _digits_runs import tiny_args, write_tiny_digits
 from conftest import NeuralInterpreterModelTester
 
 import ni_hf
-from ni_hf.training.checkpoints import last_complete_checkpoint, load_checked, resolve_resume_checkpoint
+from ni_hf.training.checkpoints import (
+    CHECKSUM_NAME,
+    last_complete_checkpoint,
+    load_checked,
+    resolve_resume_checkpoint,
+    verify_weights_checksum,
+    write_weights_checksum,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 run_digits = _scripts.load_script(ROOT / "examples" / "run_digits.py", "run_digits")
@@ -150,3 +162,101 @@ def test_resume_points_are_complete_checkpoints(tmp_path):
         resolve_resume_checkpoint(str(tmp_path / "checkpoint-8"), "unused")
     with pytest.raises(ValueError, match="no such folder"):
         resolve_resume_checkpoint(str(tmp_path / "checkpoint-9"), "unused")
+
+
+# ------------------------------------------------------------------------------------------- the weights' checksum
+
+
+def flip_data_bytes(weights: Path, count: int = 64) -> None:
+    """Invert ``count`` bytes spread over the tensor data of a safetensors file (its header stays readable)."""
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(
+        data[:8], "little"
+    )  # an 8-byte header length, the JSON header, then the tensors
+    for i in range(count):
+        data[start + i * (len(data) - start) // count] ^= 0xFF
+    weights.write_bytes(bytes(data))
+
+
+def hashes_in(message: str) -> list[str]:
+    return re.findall(r"\b[0-9a-f]{64}\b", message)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny run of run_digits.py: 4 steps, a checkpoint every 2, the final model (each with its checksum)."""
+    root = tmp_path_factory.mktemp("trained")
+    run_digits.main(tiny_args(root / "run", write_tiny_digits(root / "data"), "--report_to", "none"))
+    return root / "run"
+
+
+def test_a_run_records_the_sha256_of_its_weights_and_of_each_checkpoints(trained):
+    for folder in (trained, trained / "checkpoint-2", trained / "checkpoint-4"):
+        record = json.loads((folder / CHECKSUM_NAME).read_text())
+        assert record["algorithm"] == "sha256" and list(record["files"]) == ["model.safetensors"]
+        assert (
+            record["files"]["model.safetensors"]
+            == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+        )
+    assert not list(trained.glob(f"_{CHECKSUM_NAME}*"))  # no temporary file left
+
+
+def test_run_digits_refuses_weights_whose_bytes_changed_before_loading_data(
+    trained, no_data_loading, tmp_path
+):
+    """64 flipped bytes in the tensor data: safetensors still reads the file, the checksum does not match."""
+    changed = shutil.copytree(trained, tmp_path / "changed", ignore=shutil.ignore_patterns("checkpoint-*"))
+    expected = json.loads((changed / CHECKSUM_NAME).read_text())["files"]["model.safetensors"]
+    flip_data_bytes(changed / "model.safetensors")
+    found = hashlib.sha256((changed / "model.safetensors").read_bytes()).hexdigest()
+    with pytest.raises(
+        ValueError, match=r"--model_name_or_path .*changed/model.safetensors has SHA-256"
+    ) as info:
+        run_digits.main(evaluate_args(changed, tmp_path / "eval"))
+    assert hashes_in(str(info.value)) == [found, expected]
+    assert not (tmp_path / "eval" / "eval_results.json").exists()
+    with pytest.raises(
+        ValueError, match=f"--model .*has SHA-256 {found}, but .*{CHECKSUM_NAME} records {expected}"
+    ):
+        demo_app.InterpreterDemo(str(changed))
+    argv = ["--model", str(changed), "--dataset", "sklearn_digits", "--output_dir", str(tmp_path / "routing")]
+    with pytest.raises(SystemExit) as exit_info:
+        visualize_routing.main(argv)
+    assert exit_info.value.code == 2
+
+
+def test_resuming_from_a_checkpoint_whose_weights_changed_is_refused(trained, tmp_path):
+    run = shutil.copytree(trained, tmp_path / "run")
+    flip_data_bytes(run / "checkpoint-4" / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=r"--resume_from_checkpoint .*checkpoint-4/model.safetensors has SHA-256"
+    ):
+        resolve_resume_checkpoint("last", str(run))
+    assert resolve_resume_checkpoint(str(run / "checkpoint-2"), str(run)) == str(run / "checkpoint-2")
+
+
+def test_a_folder_without_a_checksum_loads_as_before_saying_so(checkpoints, caplog):
+    assert not (checkpoints["good"] / CHECKSUM_NAME).exists()  # save_pretrained alone writes none
+    with caplog.at_level(logging.INFO, logger="ni_hf.training.checkpoints"):
+        load_checked(ni_hf.NeuralInterpreterForImageClassification, str(checkpoints["good"]))
+    assert f"no {CHECKSUM_NAME}, so its weights are loaded without a checksum check" in caplog.text
+
+
+def test_the_checksum_file_itself_is_checked(checkpoints, tmp_path):
+    folder = shutil.copytree(checkpoints["good"], tmp_path / "ckpt")
+    digests = write_weights_checksum(folder)
+    assert verify_weights_checksum(folder) is True
+    (folder / CHECKSUM_NAME).write_text('{"algorithm": "md5", "files": {}}')
+    with pytest.raises(ValueError, match="records 'md5' hashes; expected 'sha256'"):
+        verify_weights_checksum(folder)
+    (folder / CHECKSUM_NAME).write_text("{not json")
+    with pytest.raises(ValueError, match=f"{CHECKSUM_NAME} is not a readable checksum file"):
+        verify_weights_checksum(folder)
+    record = {"algorithm": "sha256", "files": {**digests, "model-00002-of-00002.safetensors": "0" * 64}}
+    (folder / CHECKSUM_NAME).write_text(json.dumps(record))
+    with pytest.raises(
+        ValueError, match="records model-00002-of-00002.safetensors, which is not in the folder"
+    ):
+        verify_weights_checksum(folder)
+    with pytest.raises(ValueError, match="no weights file"):
+        write_weights_checksum(tmp_path)

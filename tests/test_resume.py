@@ -1,6 +1,7 @@
 """A run of examples/run_digits.py killed (SIGKILL) at any moment and resumed with --resume_from_checkpoint last ends
-with the weights of an uninterrupted run, bit for bit, with a persistent DataLoader worker and RandAugment; a kill
-while a checkpoint is written resumes from the one before; 2-process evaluation counts as 1-process evaluation.
+with the weights and the train_loss of an uninterrupted run, with a persistent DataLoader worker and RandAugment; a
+kill while a checkpoint is written resumes from the one before; a run that has finished is not resumed; 2-process
+evaluation counts as 1-process evaluation.
 
 Every run is a subprocess on the tiny two-task data (10 steps per epoch, so that resumed runs cross epoch ends).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +24,9 @@ import pytest
 import torch
 from _digits_runs import SCRIPT, subprocess_env, tiny_args, write_tiny_digits
 from safetensors.torch import load_file
+from transformers import TrainingArguments
+
+from ni_hf.training.checkpoints import check_not_finished, whole_run_train_loss
 
 MAX_STEPS = 24
 SAVE_STEPS = 3
@@ -78,6 +83,10 @@ def read_weights(output_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(output_dir / "model.safetensors")
 
 
+def train_loss(output_dir: Path) -> float:
+    return json.loads((output_dir / "train_results.json").read_text())["train_loss"]
+
+
 def assert_same_weights(output_dir: Path, reference: Path) -> None:
     weights, expected = read_weights(output_dir), read_weights(reference)
     assert weights.keys() == expected.keys()
@@ -114,6 +123,90 @@ def test_a_run_killed_twice_and_resumed_ends_with_the_weights_of_an_uninterrupte
     state = json.loads((output_dir / "trainer_state.json").read_text())
     assert state["global_step"] == MAX_STEPS
     assert_same_weights(output_dir, uninterrupted)
+    assert train_loss(output_dir) == pytest.approx(train_loss(uninterrupted), rel=1e-6)  # all 24 steps'
+
+
+def test_train_loss_is_the_mean_over_all_steps_when_checkpoints_fall_between_logs(data_dir, tmp_path):
+    """--logging_steps 5, --save_steps 3: every save logs too, so the resumed run's train_loss covers every step."""
+    logging = ("--logging_steps", "5")
+    reference, home = tmp_path / "uninterrupted", tmp_path / "hf_home"
+    code, log = run(resume_args(reference, data_dir, *logging), home)
+    assert code == 0, log[-4000:]
+    logged = [e["step"] for e in json.loads((reference / "trainer_state.json").read_text())["log_history"]]
+    assert {3, 5, 6, 9, 10} <= set(logged)  # the log steps and the save steps
+    output_dir = tmp_path / "killed"
+    code, log = run(resume_args(output_dir, data_dir, *logging), home, kill_after_steps=5)  # at step 10
+    assert code == -signal.SIGKILL, log[-4000:]
+    code, log = run(resume_args(output_dir, data_dir, *logging, "--resume_from_checkpoint", "last"), home)
+    assert code == 0 and "Resuming from" in log, log[-4000:]
+    assert_same_weights(output_dir, reference)
+    assert train_loss(output_dir) == pytest.approx(train_loss(reference), rel=1e-6)
+    final = json.loads((output_dir / "trainer_state.json").read_text())["log_history"][-1]
+    assert final["train_loss"] == train_loss(output_dir)
+
+
+def test_a_finished_run_is_not_resumed(uninterrupted, data_dir, tmp_path):
+    """--resume_from_checkpoint last after the run ended at --max_steps: refused, nothing trained or overwritten."""
+    output_dir = tmp_path / "finished"
+    shutil.copytree(uninterrupted, output_dir)
+    weights = (output_dir / "model.safetensors").read_bytes()
+    code, log = run(
+        resume_args(output_dir, data_dir, "--resume_from_checkpoint", "last"), tmp_path / "hf_home"
+    )
+    assert code != 0, log[-4000:]
+    assert f"checkpoint-{MAX_STEPS} is step {MAX_STEPS}, and this run ends at step {MAX_STEPS}" in log, log[
+        -4000:
+    ]
+    assert "has finished" in log and "Pass a larger --max_steps" in log
+    assert not (output_dir / f"checkpoint-{MAX_STEPS + 1}").exists()
+    assert (output_dir / "model.safetensors").read_bytes() == weights
+    assert json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == MAX_STEPS
+
+
+def write_state(folder: Path, **state) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("saved", "arguments", "finished"),
+    [
+        ({"max_steps": 80, "num_train_epochs": 4}, {"max_steps": 80}, True),
+        ({"max_steps": 80, "num_train_epochs": 4}, {"max_steps": 50}, True),
+        ({"max_steps": 80, "num_train_epochs": 4}, {"max_steps": 120}, False),  # trains it further
+        ({"max_steps": 80, "num_train_epochs": 4}, {"num_train_epochs": 4}, True),
+        ({"max_steps": 80, "num_train_epochs": 4}, {"num_train_epochs": 6}, False),
+    ],
+)
+def test_a_checkpoint_at_the_end_of_its_run_is_recognised(tmp_path, saved, arguments, finished):
+    checkpoint = write_state(tmp_path / "checkpoint-80", global_step=80, **saved)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", **arguments)
+    if finished:
+        with pytest.raises(ValueError, match="checkpoint-80 is step 80, and this run ends at step (80|50)"):
+            check_not_finished(checkpoint, args)
+    else:
+        check_not_finished(checkpoint, args)
+    midway = write_state(tmp_path / "checkpoint-40", global_step=40, **saved)
+    check_not_finished(midway, args)
+
+
+def test_whole_run_train_loss_weights_each_logged_window_by_its_steps(tmp_path, caplog):
+    history = [
+        {"loss": 4.0, "step": 2},
+        {"loss": 1.0, "step": 6},
+        {"loss": 9.0, "step": 7},
+        {"train_loss": 0.1},
+    ]
+    checkpoint = write_state(tmp_path / "checkpoint-6", global_step=6, log_history=history)
+    # steps 1-2 at 4, 3-6 at 1 (step 7 is after the checkpoint), then 4 steps at a mean of 0.5
+    assert whole_run_train_loss(checkpoint, 0.5, 10) == pytest.approx((2 * 4 + 4 * 1 + 4 * 0.5) / 10)
+    gap = write_state(tmp_path / "checkpoint-8", global_step=8, log_history=history)
+    assert whole_run_train_loss(gap, 0.5, 10) == pytest.approx(((2 * 4 + 4 * 1 + 9) * 8 / 7 + 2 * 0.5) / 10)
+    assert "checkpoint-8: step 8 was not logged" in caplog.text
+    unlogged = write_state(tmp_path / "checkpoint-3", global_step=3, log_history=[])
+    assert whole_run_train_loss(unlogged, 0.5, 10) == 0.5
+    assert "logged no training loss: train_loss is the mean over steps 4-10 only" in caplog.text
 
 
 # The process dies while it writes checkpoint-9's trainer_state.json (the Trainer's last file of a checkpoint): half

@@ -1,10 +1,13 @@
-"""Checkpoints a script reads or resumes from: weights that must fit the model, the newest complete
-``checkpoint-<step>``, and the lock that keeps two runs out of one output folder."""
+"""Checkpoints a script reads or resumes from: weights that must fit the model and match their recorded SHA-256, the
+newest complete ``checkpoint-<step>`` of a run that has not finished, and the lock that keeps two runs out of one output
+folder."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import os
 import zipfile
 from collections.abc import Iterator
@@ -14,21 +17,31 @@ from typing import Any
 
 import torch
 import transformers
+from transformers.trainer_utils import TrainOutput, get_last_checkpoint
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CHECKSUM_NAME",
     "LOCK_NAME",
     "ExactResumeMixin",
+    "WeightsChecksumMixin",
+    "check_not_finished",
     "check_weights_readable",
     "last_complete_checkpoint",
     "load_checked",
     "output_dir_lock",
     "read_checkpoint_config",
     "resolve_resume_checkpoint",
+    "verify_weights_checksum",
+    "whole_run_train_loss",
+    "write_weights_checksum",
 ]
 
 LOCK_NAME = "_run.lock"  # "_*" files stay local when the folder is pushed (ni_hf.training.publishing)
+CHECKSUM_NAME = (
+    "weights_sha256.json"  # uploaded with the weights, so that a downloaded copy can be checked too
+)
 WEIGHTS_NAMES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -79,6 +92,80 @@ def check_weights_readable(path: str, option: str = "--model_name_or_path") -> N
             ) from error
 
 
+# -------------------------------------------------------------------------------------------------- checksums
+
+
+def _weights_files(folder: Path) -> list[Path]:
+    """The weights files of a model folder: the first of ``WEIGHTS_NAMES`` there, with the shards its index names."""
+    for name in WEIGHTS_NAMES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return [path]
+        try:
+            shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as error:
+            raise ValueError(f"{path} is not a readable weights index ({error}).") from error
+        return [path, *(folder / shard for shard in shards)]
+    return []
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_weights_checksum(output_dir: str | os.PathLike) -> dict[str, str]:
+    """Write ``<output_dir>/weights_sha256.json``, the SHA-256 of each weights file there (safetensors records none of
+    its own), and return it as {file name: hex digest}; a folder without weights is an error."""
+    folder = Path(output_dir)
+    files = _weights_files(folder)
+    if not files:
+        raise ValueError(f"{folder}: no weights file ({', '.join(WEIGHTS_NAMES)}) to write a checksum of.")
+    digests = {path.name: _sha256(path) for path in files}
+    text = json.dumps({"algorithm": "sha256", "files": digests}, indent=2) + "\n"
+    temporary = (
+        folder / f"_{CHECKSUM_NAME}.tmp"
+    )  # replaced in one step: a kill leaves the old file or the new one
+    temporary.write_text(text)
+    temporary.replace(folder / CHECKSUM_NAME)
+    return digests
+
+
+def verify_weights_checksum(path: str | os.PathLike, option: str = "--model_name_or_path") -> bool:
+    """Check a local model folder's weights files against its ``weights_sha256.json``: a file that differs, or is
+    missing, is an error naming the option, the file and both hashes. True when checked; a folder without the file
+    (saved by ``save_pretrained`` alone, or before checksums) is not checked: False, with an info log."""
+    folder = Path(path)
+    record = folder / CHECKSUM_NAME
+    if not record.is_file():
+        logger.info(
+            f"{option} {path}: no {CHECKSUM_NAME}, so its weights are loaded without a checksum check."
+        )
+        return False
+    try:
+        saved = json.loads(record.read_text())
+        algorithm, digests = saved["algorithm"], dict(saved["files"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{option} {path}: {record} is not a readable checksum file ({error!r}).") from error
+    if algorithm != "sha256":
+        raise ValueError(f"{option} {path}: {record} records {algorithm!r} hashes; expected 'sha256'.")
+    for name, expected in digests.items():
+        weights = folder / name
+        if not weights.is_file():
+            raise ValueError(f"{option} {path}: {record} records {name}, which is not in the folder.")
+        found = _sha256(weights)
+        if found != expected:
+            raise ValueError(
+                f"{option} {path}: {weights} has SHA-256 {found}, but {record} records {expected}: the file changed "
+                f"after it was saved (damaged on disk or in a copy). Save or download it again; if you replaced it "
+                f"on purpose, delete {CHECKSUM_NAME}."
+            )
+    logger.info(f"{option} {path}: {', '.join(digests)} match {CHECKSUM_NAME}.")
+    return True
+
+
 def read_checkpoint_config(path: str, option: str = "--model_name_or_path") -> dict[str, Any]:
     """The config.json of a local folder or a Hub repo as a dict; neither is an error naming ``option``."""
     try:
@@ -106,9 +193,10 @@ def load_checked(
     option: str = "--model_name_or_path",
     **kwargs: Any,
 ) -> transformers.PreTrainedModel:
-    """``model_class.from_pretrained(path, **kwargs)``, refusing a checkpoint of another model type, and weights that
-    leave parameters of the model missing, hold tensors it lacks, or have other shapes (the error names the weights
-    file, the counts and a few names); ``allow_mismatched_weights`` loads such weights with a warning instead."""
+    """``model_class.from_pretrained(path, **kwargs)``, refusing a checkpoint of another model type, a local folder
+    whose weights differ from its ``weights_sha256.json``, and weights that leave parameters of the model missing,
+    hold tensors it lacks, or have other shapes (the error names the weights file, the counts and a few names);
+    ``allow_mismatched_weights`` loads such weights with a warning instead."""
     config_class = getattr(model_class, "config_class", None)
     expected_type = getattr(config_class, "model_type", None)
     found_type = read_checkpoint_config(path, option).get("model_type")
@@ -119,6 +207,7 @@ def load_checked(
         )
     if os.path.isdir(path):
         check_weights_readable(path, option)
+        verify_weights_checksum(path, option)
     model, info = model_class.from_pretrained(
         path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
     )
@@ -185,22 +274,107 @@ def last_complete_checkpoint(output_dir: str) -> str:
     )
 
 
-def resolve_resume_checkpoint(value: str | None, output_dir: str) -> str | None:
+def resolve_resume_checkpoint(
+    value: str | None, output_dir: str, training_args: transformers.TrainingArguments | None = None
+) -> str | None:
     """``--resume_from_checkpoint``: None for none, the newest complete checkpoint for true/last/latest, else the
-    given folder, which must hold a finished save."""
+    given folder, which must hold a finished save. Its weights must match their checksum (``verify_weights_checksum``),
+    and with ``training_args`` the run it belongs to must not have finished (``check_not_finished``)."""
     if value is None or not str(value).strip() or str(value).lower() == "false":
         return None
     if str(value).lower() in RESUME_LAST:
-        return last_complete_checkpoint(output_dir)
-    folder = Path(value).expanduser()
-    if not folder.is_dir():
-        raise ValueError(f"--resume_from_checkpoint {value}: no such folder (or pass 'last').")
-    if not (folder / "trainer_state.json").is_file():
+        checkpoint = last_complete_checkpoint(output_dir)
+    else:
+        folder = Path(value).expanduser()
+        if not folder.is_dir():
+            raise ValueError(f"--resume_from_checkpoint {value}: no such folder (or pass 'last').")
+        if not (folder / "trainer_state.json").is_file():
+            raise ValueError(
+                f"--resume_from_checkpoint {value}: no trainer_state.json, so not a finished checkpoint of a "
+                "training run; pass 'last' for the newest complete one in --output_dir."
+            )
+        checkpoint = str(folder)
+    verify_weights_checksum(checkpoint, "--resume_from_checkpoint")
+    if training_args is not None:
+        check_not_finished(checkpoint, training_args)
+    return checkpoint
+
+
+def _trainer_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    path = Path(checkpoint) / "trainer_state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
         raise ValueError(
-            f"--resume_from_checkpoint {value}: no trainer_state.json, so not a finished checkpoint of a training "
-            "run; pass 'last' for the newest complete one in --output_dir."
+            f"--resume_from_checkpoint {checkpoint}: {path} is not readable ({error})."
+        ) from error
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise ValueError(f"--resume_from_checkpoint {checkpoint}: {path} records no global_step.")
+    return state
+
+
+def check_not_finished(checkpoint: str | os.PathLike, training_args: transformers.TrainingArguments) -> None:
+    """Refuse to resume from a checkpoint at or past the end of the run: the Trainer would train one step past it
+    and overwrite the final model. With ``--max_steps`` the run ends there; else where the checkpoint's run planned to
+    end, unless ``--num_train_epochs`` now asks for more epochs than it did."""
+    state = _trainer_state(checkpoint)
+    step = state["global_step"]
+    if training_args.max_steps > 0:
+        end, planned = training_args.max_steps, f"--max_steps {training_args.max_steps}"
+    else:
+        saved_epochs = int(state.get("num_train_epochs") or 0)
+        if math.ceil(training_args.num_train_epochs) > saved_epochs or not state.get("max_steps"):
+            return  # more epochs than the saved run planned: it trains on
+        end = int(state["max_steps"])
+        planned = (
+            f"the {saved_epochs} epochs its run planned, --num_train_epochs {training_args.num_train_epochs}"
         )
-    return str(folder)
+    if step < end:
+        return
+    raise ValueError(
+        f"--resume_from_checkpoint: {checkpoint} is step {step}, and this run ends at step {end} ({planned}): it has "
+        f"finished (its model is in {Path(checkpoint).parent}), and resuming would train past its end and overwrite "
+        "that model. Pass a larger --max_steps (or --num_train_epochs) to train it further, or another --output_dir "
+        "to train anew."
+    )
+
+
+def whole_run_train_loss(
+    checkpoint: str | os.PathLike | dict[str, Any], train_loss: float, global_step: int
+) -> float:
+    """The mean training loss over all ``global_step`` steps of a resumed run, from the mean over the steps after the
+    ``checkpoint`` (what ``Trainer.train`` returns) and the losses logged up to it in its ``trainer_state.json`` (or
+    that file's content, read before the run's checkpoint rotation could delete it).
+
+    Each logged ``loss`` is the mean over the steps since the log before; ``ExactResumeMixin`` logs at every save, so
+    the windows cover every step up to a checkpoint. Steps a checkpoint's log does not cover (a checkpoint of another
+    Trainer) count at the mean of the logged ones, with a warning."""
+    state = checkpoint if isinstance(checkpoint, dict) else _trainer_state(checkpoint)
+    checkpoint = f"checkpoint-{state['global_step']}" if isinstance(checkpoint, dict) else checkpoint
+    resumed_at = state["global_step"]
+    total, covered = 0.0, 0
+    for entry in state.get("log_history", []):
+        step = entry.get("step")
+        if "loss" in entry and isinstance(step, int) and covered < step <= resumed_at:
+            total += float(entry["loss"]) * (step - covered)
+            covered = step
+    if covered < resumed_at:
+        if not covered:
+            logger.warning(
+                f"{checkpoint} logged no training loss: train_loss is the mean over steps {resumed_at + 1}-"
+                f"{global_step} only."
+            )
+            return train_loss
+        gap = (
+            f"step {resumed_at} was"
+            if covered + 1 == resumed_at
+            else f"steps {covered + 1}-{resumed_at} were"
+        )
+        logger.warning(
+            f"{checkpoint}: {gap} not logged; train_loss counts them at the mean of the logged steps before them."
+        )
+        total *= resumed_at / covered
+    return (total + train_loss * (global_step - resumed_at)) / max(global_step, 1)
 
 
 # ---------------------------------------------------------------------------------------------- the run lock
@@ -252,9 +426,29 @@ def output_dir_lock(output_dir: str, enabled: bool = True) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------ exact resuming
 
 
-class ExactResumeMixin:
+class WeightsChecksumMixin:
+    """Trainer mixin: every model the Trainer saves (``save_model``, each ``checkpoint-<step>``) gets its
+    ``weights_sha256.json`` (``write_weights_checksum``), written by the process that saves."""
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            write_weights_checksum(output_dir or self.args.output_dir)
+
+
+class _LogAtEverySave(transformers.TrainerCallback):
+    """Log the training loss at every step that saves a checkpoint, so that its log history covers all its steps."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        control.should_log = control.should_log or control.should_save
+        return control
+
+    on_epoch_end = on_step_end
+
+
+class ExactResumeMixin(WeightsChecksumMixin):
     """Trainer mixin: a resumed run draws the same random numbers as an uninterrupted one, with persistent
-    DataLoader workers too.
+    DataLoader workers too, reports the mean loss over all its steps, and never resumes a run that has finished.
 
     Each new DataLoader iterator draws its workers' base seed from the loader's generator, torch's global one when
     the loader has none. A loader with persistent workers makes one iterator for the whole run; a resumed run makes
@@ -262,7 +456,16 @@ class ExactResumeMixin:
     global generator, which RandAugment and dropout draw from, would be one number ahead of the uninterrupted run's.
     A generator of the loader's own leaves the global one alone. What workers draw themselves is not replayed: keep
     random transforms in the main process (as the digits script's batch augmentation is).
+
+    ``Trainer.train`` averages ``train_loss`` over the steps after the checkpoint only; here it is the mean over the
+    whole run (``whole_run_train_loss``). Every save also logs, and writes the weights' checksum, which ``train``
+    checks before it resumes (``verify_weights_checksum``); a checkpoint at the end of the run is refused
+    (``check_not_finished``).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(_LogAtEverySave())
 
     def get_train_dataloader(self) -> Any:
         dataloader = super().get_train_dataloader()
@@ -271,3 +474,20 @@ class ExactResumeMixin:
         )  # accelerate's DataLoaderShard wraps a DataLoader
         loader.generator = torch.Generator().manual_seed(self.args.seed)
         return dataloader
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``, refusing a damaged or finished checkpoint, with ``train_loss`` over the whole run."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir) or True
+        if not isinstance(checkpoint, str | os.PathLike):
+            return super().train(checkpoint or None, *args, **kwargs)
+        verify_weights_checksum(checkpoint, "--resume_from_checkpoint")
+        check_not_finished(checkpoint, self.args)
+        state = _trainer_state(checkpoint)  # read now: the run's save_total_limit may delete the checkpoint
+        output = super().train(checkpoint, *args, **kwargs)
+        train_loss = whole_run_train_loss(state, output.training_loss, output.global_step)
+        output.metrics["train_loss"] = train_loss
+        if self.state.log_history and "train_loss" in self.state.log_history[-1]:
+            self.state.log_history[-1]["train_loss"] = train_loss
+        return TrainOutput(output.global_step, train_loss, output.metrics)
