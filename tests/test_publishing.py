@@ -1,9 +1,17 @@
-"""ni_hf.training.publishing: what an upload sends (checkpoints stay local), and the message when it cannot."""
+"""ni_hf.training.publishing: what an upload sends (checkpoints stay local), the message when it cannot, and the
+command a run records: the launcher's own command line with all its flags, and a warning with the working commands
+when a launcher started fewer processes than it was asked for (`accelerate launch --cpu --num_processes 2`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +23,8 @@ from huggingface_hub.utils import filter_repo_objects
 import ni_hf.training.publishing
 from ni_hf.training.publishing import (
     UPLOAD_IGNORE_PATTERNS,
+    Launch,
+    check_process_count,
     check_push,
     explain_push_failure,
     hub_repo_id,
@@ -82,13 +92,107 @@ def test_push_failure_explains_the_cause_and_the_command_that_uploads_later() ->
     assert "refused the upload (PermissionError: 403 Forbidden)" in refused
 
 
-def test_reconstructed_command_names_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_known_launcher_the_command_is_reconstructed_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ni_hf.training.publishing, "detect_launch", Launch)  # a parent that is no launcher
     for key in [k for k in os.environ if k.startswith("ACCELERATE_")]:
         monkeypatch.delenv(key)
-    assert reconstruct_command("examples/run.py", ["--a", "b c"], 1)[0].endswith("run.py --a 'b c'")
-    assert reconstruct_command("examples/run.py", [], 2)[0].startswith("torchrun --nproc_per_node 2 ")
+    command, note = reconstruct_command("examples/run.py", ["--a", "b c"], 1)
+    assert command == "python examples/run.py --a 'b c'" and note == "1 process; started without a launcher"
+    command, note = reconstruct_command("examples/run.py", [], 2)
+    assert command.startswith("torchrun --nproc_per_node 2 ") and "reconstructed from the environment" in note
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
     assert reconstruct_command("examples/run.py", [], 4)[0].startswith("accelerate launch --num_processes 4 ")
+    assert check_process_count(1, "examples/run.py") is None
+
+
+@pytest.mark.parametrize(
+    ("parent", "expected"),
+    [
+        (["/v/bin/python3", "/v/bin/accelerate", "launch", "--num-processes=2", "--cpu", "r.py"], ("accelerate launch", 2)),
+        (["/v/bin/python", "/v/bin/torchrun", "--nproc_per_node", "4", "r.py"], ("torchrun", 4)),
+        (["python", "-u", "-m", "torch.distributed.run", "--nproc-per-node=3", "r.py"], ("python -m torch.distributed.run", 3)),
+        (["/v/bin/python", "/v/bin/torchrun", "--nproc_per_node", "gpu", "r.py"], ("torchrun", None)),
+        (["/v/bin/python", "/v/bin/accelerate", "config"], (None, None)),
+        (["bash"], (None, None)),
+    ],
+)  # fmt: skip
+def test_the_launcher_is_read_from_the_parents_command_line(
+    monkeypatch: pytest.MonkeyPatch, parent: list[str], expected: tuple
+) -> None:
+    monkeypatch.setattr(ni_hf.training.publishing, "_cmdline", lambda pid: parent)
+    launch = ni_hf.training.publishing.detect_launch()
+    assert (launch.launcher, launch.requested_processes) == expected
+    if launch.launcher:
+        assert launch.argv[-1] == "r.py" and " ".join(launch.argv).startswith(launch.launcher)
+
+
+# Records what a script under a launcher records; publishing.py is loaded from its file (no torch import).
+PROBE = textwrap.dedent(
+    f"""
+    import importlib.util, json, os, sys
+    spec = importlib.util.spec_from_file_location("publishing", {str(Path(ni_hf.training.publishing.__file__))!r})
+    publishing = sys.modules["publishing"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(publishing)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    command, note = publishing.reconstruct_command(__file__, sys.argv[1:], world)
+    warning = publishing.check_process_count(world, __file__)
+    with open(f"record_{{os.environ.get('RANK', '0')}}.json", "w") as f:  # two processes share one stdout
+        json.dump(dict(world=world, command=command, note=note, warning=warning), f)
+    """
+)
+
+
+def launch(tmp_path: Path, *launcher: str) -> list[dict]:
+    """Run the probe as ``launcher probe.py --seed 3 --name 'a b'`` in ``tmp_path``; each process's record."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    for old in tmp_path.glob("record_*.json"):
+        old.unlink()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = [*launcher, "probe.py", "--seed", "3", "--name", "a b"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return [json.loads(path.read_text()) for path in sorted(tmp_path.glob("record_*.json"))]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+ACCELERATE = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+
+
+def test_accelerate_on_a_cpu_records_its_command_and_says_how_two_processes_start(tmp_path: Path) -> None:
+    """`accelerate launch --num_processes 2 --cpu` starts one process: recorded as given, and explained."""
+    (record,) = launch(tmp_path, ACCELERATE, "launch", "--num_processes", "2", "--cpu")
+    assert record["world"] == 1
+    assert record["command"] == "accelerate launch --num_processes 2 --cpu probe.py --seed 3 --name 'a b'"
+    assert "which asked for 2 processes" in record["note"]
+    assert "was asked for 2 processes, but this run has 1 (accelerate's --cpu launcher" in record["warning"]
+    assert (
+        "`accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no"
+        in record["warning"]
+    )
+    assert "`torchrun --nproc_per_node 2 probe.py --use_cpu true ...`" in record["warning"]
+
+
+def test_two_processes_record_the_launchers_command_line_with_all_its_flags(tmp_path: Path) -> None:
+    """The working two-process CPU command (HF-NOTES): two processes, each records the command with --multi_gpu."""
+    flags = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
+    flags += ["--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    records = launch(tmp_path, ACCELERATE, "launch", *flags)
+    assert [r["world"] for r in records] == [2, 2] and all(r["warning"] is None for r in records)
+    expected = f"accelerate launch {' '.join(flags)} probe.py --seed 3 --name 'a b'"
+    assert [r["command"] for r in records] == [expected, expected]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0"]
+    records = launch(tmp_path, *torchrun)
+    expected = (
+        "python -m torch.distributed.run --nproc_per_node 2 --master_port 0 probe.py --seed 3 --name 'a b'"
+    )
+    assert [r["command"] for r in records] == [expected, expected]
 
 
 def _args(**overrides) -> SimpleNamespace:

@@ -1,4 +1,4 @@
-"""Upload a finished run's folder to the Hub, and say clearly why an upload failed.
+"""Upload a finished run's folder to the Hub, say clearly why an upload failed, and record the command that ran.
 
 The example scripts upload at the very end, after everything was saved locally, with
 :meth:`huggingface_hub.HfApi.upload_folder` rather than ``Trainer.push_to_hub`` (which would replace the run's
@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "UPLOAD_IGNORE_PATTERNS",
+    "Launch",
+    "check_process_count",
     "check_push",
+    "detect_launch",
     "explain_push_failure",
     "hub_repo_id",
     "push_folder",
@@ -117,20 +121,135 @@ def explain_push_failure(error: BaseException, folder: str | os.PathLike, repo_i
     )
 
 
-def reconstruct_command(script: str | os.PathLike, argv: list[str], world_size: int) -> tuple[str, str]:
-    """The command line of this run (as well as it can be known from inside) and a note on the launcher."""
-    script = Path(script).resolve()
+# ------------------------------------------------------------------------------------------ the command run
+
+# The launchers a script may run under: how each shows in its process's command line (the entry point's name, or the
+# module after "-m"), the name it is recorded by, and the flag that asks for processes (per node for torchrun).
+LAUNCHERS = (
+    ("accelerate", "accelerate launch", "num_processes"),
+    ("accelerate.commands.launch", "accelerate launch", "num_processes"),
+    ("torchrun", "torchrun", "nproc_per_node"),
+    ("torch.distributed.run", "python -m torch.distributed.run", "nproc_per_node"),
+    ("torch.distributed.launch", "python -m torch.distributed.launch", "nproc_per_node"),
+    ("deepspeed", "deepspeed", "num_gpus"),
+)
+TWO_CPU_PROCESSES = (
+    "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no "
+    "{script} --use_cpu true ...",
+    "torchrun --nproc_per_node 2 {script} --use_cpu true ...",
+)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How this process was started: the launcher's command line as its process holds it (``argv``, empty when the
+    process was not started by a known launcher or its parent cannot be read), the launcher's name, and the
+    processes it was asked for (None when its flags do not say)."""
+
+    argv: tuple[str, ...] = ()
+    launcher: str | None = None
+    requested_processes: int | None = None
+
+
+def _cmdline(pid: int) -> list[str] | None:
     try:
-        script_text = str(script.relative_to(Path.cwd()))
-    except ValueError:
-        script_text = str(script)
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part] or None
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``--flag N``, ``--flag=N`` or their hyphenated spellings in ``argv`` (the last one given)."""
+    names = {f"--{flag}", f"--{flag.replace('_', '-')}"}
+    value = None
+    for i, item in enumerate(argv):
+        name, sep, given = item.partition("=")
+        if name in names:
+            value = given if sep else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
+
+
+def _launcher_of(argv: list[str]) -> tuple[str, list[str], str] | None:
+    """(the launcher's name, its arguments, its processes flag) of a launcher's command line, else None."""
+    items = argv[1:] if Path(argv[0]).name.startswith("python") else list(argv)
+    while items and items[0].startswith("-") and items[0] != "-m":  # the interpreter's own options
+        items = items[2:] if items[0] in ("-X", "-W") else items[1:]
+    if not items:
+        return None
+    entry, rest = (
+        (items[1], items[2:]) if items[0] == "-m" and len(items) > 1 else (Path(items[0]).name, items[1:])
+    )
+    for shown, name, flag in LAUNCHERS:
+        if entry != shown:
+            continue
+        if shown == "accelerate":  # the accelerate command: its "launch" subcommand only
+            if rest[:1] != ["launch"]:
+                return None
+            rest = rest[1:]
+        return name, rest, flag
+    return None
+
+
+def detect_launch() -> Launch:
+    """The launcher that started this process, read from its parent's command line in ``/proc`` (Linux): accelerate
+    launch, torchrun, ``python -m torch.distributed.run`` or deepspeed; ``Launch()`` when none (or not readable)."""
+    parent = _cmdline(os.getppid())
+    found = _launcher_of(parent) if parent else None
+    if found is None:
+        return Launch()
+    name, rest, flag = found
+    value = _flag_value(rest, flag)
+    requested = int(value) if value is not None and value.isdigit() else None
+    return Launch((*name.split(), *rest), name, requested)
+
+
+def _relative(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return path
+
+
+def reconstruct_command(script: str | os.PathLike, argv: list[str], world_size: int) -> tuple[str, str]:
+    """The command line that started this run and a note on how it is known: the launcher's own command line with
+    all its flags where the parent process is a known launcher that names ``script``; else ``python script argv``
+    for one process, or a launcher guessed from the environment (said so) for several."""
+    script_text = _relative(str(script))
+    launch = detect_launch()
+    names_script = any(Path(item).name == Path(script).name for item in launch.argv)
+    processes = f"{world_size} process{'es' if world_size != 1 else ''}"
+    if launch.launcher and names_script:
+        command = shlex.join(_relative(item) if item.endswith(".py") else item for item in launch.argv)
+        note = f"{processes}; the command line of the launcher ({launch.launcher}) as its process holds it"
+        if launch.requested_processes and launch.requested_processes > world_size:
+            note += f", which asked for {launch.requested_processes} processes (see the run's log)"
+        return command, note
     if world_size <= 1:
-        launcher, note = "python", "one process"
-    elif any(key.startswith("ACCELERATE_") for key in os.environ):
-        launcher, note = f"accelerate launch --num_processes {world_size}", f"{world_size} processes"
+        return f"python {script_text} {shlex.join(argv)}".strip(), f"{processes}; started without a launcher"
+    if any(key.startswith("ACCELERATE_") for key in os.environ):
+        launcher = f"accelerate launch --num_processes {world_size}"
     else:
-        launcher, note = f"torchrun --nproc_per_node {world_size}", f"{world_size} processes"
+        launcher = f"torchrun --nproc_per_node {world_size}"
     return (
         f"{launcher} {script_text} {shlex.join(argv)}".strip(),
-        note + "; launcher reconstructed by the script",
+        f"{processes}; the launcher could not be read from the parent process, so its name and flags here are "
+        "reconstructed from the environment and may differ from those given",
     )
+
+
+def check_process_count(world_size: int, script: str | os.PathLike) -> str | None:
+    """Warn (and return the warning) when a launcher asked for more processes than the run has, saying how two CPU
+    processes are started: ``accelerate launch --cpu`` starts one process whatever ``--num_processes`` says."""
+    launch = detect_launch()
+    if not launch.requested_processes or launch.requested_processes <= world_size:
+        return None
+    script_text = _relative(str(script))
+    ways = " or ".join(f"`{way.format(script=script_text)}`" for way in TWO_CPU_PROCESSES)
+    cpu = " (accelerate's --cpu launcher starts one process)" if "--cpu" in launch.argv else ""
+    message = (
+        f"`{launch.launcher}` was asked for {launch.requested_processes} processes, but this run has {world_size}"
+        f"{cpu}. Two processes on a CPU start with {ways}."
+    )
+    logger.warning(message)
+    return message
