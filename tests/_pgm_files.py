@@ -1,10 +1,11 @@
 """Small PGM files in the real layouts, for the loader tests and the run_pgm end-to-end tests.
 
-- DeepMind's release: ``<root>/<regime>/PGM_<regime>_<split>_<id>.npz`` with the keys, shapes and dtypes of its
-  files: ``target`` (0-d int64), ``image`` ((160, 160, 16) uint8, the panels stored panel-major under that
-  label, so that ``reshape(16, 160, 160)`` gives them, as the release's README says), ``relation_structure_encoded``
-  ((4, 12) int64), ``relation_structure`` ((triples, 3) bytes: object, attribute, relation) and ``meta_target``
-  ((12,) int64, the OR of the structure's rows); and the regime's ``<regime>.tar.gz`` holding ``<regime>/...``.
+- DeepMind's release: ``<root>/<regime>/PGM_<regime>_<split>_<id>.npz`` with the keys, shapes and dtypes of
+  its files: ``target`` (0-d int64), ``image`` ((160, 160, 16) uint8, the panels stored panel-major under that
+  label, so that ``reshape(16, 160, 160)`` gives them, as the release's README says),
+  ``relation_structure_encoded`` ((4, 12) int64), ``relation_structure`` ((triples, 3) bytes: object,
+  attribute, relation) and ``meta_target`` ((12,) int64, the OR of the structure's rows); and the regime's
+  ``<regime>.tar.gz`` holding ``<regime>/...``.
 - The Hub's ``HuggingFaceM4/PGM``: ``data/<train|validation|test>-0000k-of-0000n.parquet`` with its features
   (``panels`` and ``choices``: 8 PNG images each, Array2D structure and meta_target, uint8 target, int32 id).
 
@@ -48,7 +49,7 @@ def triples(puzzle_id: int) -> list[tuple[str, str, str]]:
 
 
 def puzzle(puzzle_id: int, side: int = SIDE) -> dict[str, Any]:
-    """Puzzle `puzzle_id` in the loaders' schema: 16 panels of 4x4 blocks (compressible, each panel different)."""
+    """Puzzle `puzzle_id` in the loaders' schema: 16 panels of 4x4 blocks (compressible, all different)."""
     rng = np.random.default_rng(puzzle_id)
     blocks = rng.integers(0, 256, (16, 4, 4), dtype=np.uint8)
     if side % 4 == 0:
@@ -88,7 +89,7 @@ def write_npz(path: Path, puzzle_id: int, side: int = SIDE, **overrides: Any) ->
 def write_deepmind_folder(
     root: Path, splits: Mapping[str, Iterable[int]], regime: str = "neutral", side: int = SIDE
 ) -> Path:
-    """Write ``<root>/<regime>/PGM_<regime>_<split>_<id>.npz`` for these ids per split; return the regime folder."""
+    """Write ``<root>/<regime>/PGM_<regime>_<split>_<id>.npz`` for these ids per split; return the folder."""
     folder = root / regime
     for split, ids in splits.items():
         for puzzle_id in ids:

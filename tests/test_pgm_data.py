@@ -1,6 +1,6 @@
-"""The PGM loaders' puzzles: DeepMind .npz folders and archives, Hub-layout Parquet, the generator wrapper, each in
-the schema, across DataLoader workers and ranks, with bad files named. Lengths, pre-training checks and skips:
-tests/test_pgm_sources.py."""
+"""The PGM loaders' puzzles: DeepMind .npz folders and archives, Hub-layout Parquet, the generator wrapper,
+each in the schema, across DataLoader workers and ranks, with bad files named. Lengths, pre-training checks
+and skips: tests/test_pgm_sources.py."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ TEST_IDS = (9,)
 
 @pytest.fixture(scope="module")
 def deepmind(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A DeepMind-layout folder `<root>/neutral/PGM_neutral_<split>_<id>.npz` and the same as neutral.tar.gz."""
+    """A DeepMind folder `<root>/neutral/PGM_neutral_<split>_<id>.npz` and the same as neutral.tar.gz."""
     root = tmp_path_factory.mktemp("pgm_deepmind")
     folder = write_deepmind_folder(root / "data", {"train": TRAIN_IDS, "val": VAL_IDS, "test": TEST_IDS})
     write_npz(folder / "PGM_interpolation_train_1.npz", 1)
@@ -50,7 +50,7 @@ def deepmind(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def hub_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A local copy in the Hub's layout: data/train-0000k-of-00002.parquet, data/validation-00000-of-00001.parquet."""
+    """A local copy in the Hub's layout: data/train-0000k-of-00002.parquet, data/validation-....parquet."""
     root = tmp_path_factory.mktemp("pgm_hub")
     return write_hub_parquet(root, {"train": [TRAIN_IDS[:3], TRAIN_IDS[3:]], "validation": [VAL_IDS]})
 

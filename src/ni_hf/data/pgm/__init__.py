@@ -1,8 +1,9 @@
-"""PGM abstract-reasoning puzzles (Barrett et al. 2018; the Neural Interpreters paper's section 4.3) from three
-sources, every puzzle in one schema (`common`): `load_pgm` is the entry point.
+"""PGM abstract-reasoning puzzles (Barrett et al. 2018; the Neural Interpreters paper's section 4.3) from
+three sources, every puzzle in one schema (`common`): `load_pgm` is the entry point.
 
-- ``"deepmind"`` (`deepmind`): DeepMind's release under ``data_dir``, a folder of ``PGM_<regime>_<split>_<id>.npz``
-  (a map-style dataset) or a regime's ``.tar.gz`` (a `PGMStream`, counted in one pass that is kept).
+- ``"deepmind"`` (`deepmind`): DeepMind's release under ``data_dir``, a folder of
+  ``PGM_<regime>_<split>_<id>.npz`` (a map-style dataset) or a regime's ``.tar.gz`` (a `PGMStream`, counted in
+  one pass that is kept).
 - ``"hub"`` (`hub`): ``HuggingFaceM4/PGM`` (the neutral regime) or a local folder of Parquet in its layout
   (a `PGMStream` by default, rows counted from the Parquet footers; ``streaming=False``: map-style rows).
 - ``"generated"`` (`generated`): the package's offline generator (map-style, any regime).
@@ -11,7 +12,8 @@ Every split knows its length where it can be known (``len()``, ``num_rows``; `pg
 derives its steps; where it cannot, ``len()`` raises a TypeError naming ``--max_steps``. Before training,
 `check_pgm_source` checks what can be checked cheaply (every file's headers, a sample read in full) and, with
 ``skip_bad_files=True``, leaves the bad files out and counts them (``skipped_files``); a bad file met later is
-skipped and counted the same way, across DataLoader workers. `first_puzzles` takes the first puzzles of any split.
+skipped and counted the same way, across DataLoader workers. `first_puzzles` takes the first puzzles of any
+split.
 """
 
 from __future__ import annotations
@@ -106,11 +108,12 @@ def check_pgm_source(dataset: Any, sample_size: int = 16, num_workers: int = 0) 
     """Check a split from `load_pgm` before training, and return what was checked and found.
 
     DeepMind folder: every file's headers (keys, ``image``'s shape, dtype and stored size, the labels in full,
-    without reading pixels; ``num_workers`` threads) and ``sample_size`` files read in full. Archive: the same,
-    for every member, in the one pass that counts them. Hub Parquet: every file's footer and columns and
-    ``sample_size`` rows decoded in full. Generated: ``sample_size`` puzzles. With ``skip_bad_files=True`` (given to
-    `load_pgm`) the bad files found are left out (the length shrinks to match) and recorded in the split's
-    ``skipped_files``; without it the first bad file is refused, naming it, its problem and how many more.
+    without reading pixels; ``num_workers`` threads) and ``sample_size`` files read in full. Archive: the
+    same, for every member, in the one pass that counts them. Hub Parquet: every file's footer and columns and
+    ``sample_size`` rows decoded in full. Generated: ``sample_size`` puzzles. With ``skip_bad_files=True``
+    (given to `load_pgm`) the bad files found are left out (the length shrinks to match) and recorded in the
+    split's ``skipped_files``; without it the first bad file is refused, naming it, its problem and how many
+    more.
     """
     check = getattr(dataset, "check", None)
     if not callable(check):
@@ -119,7 +122,7 @@ def check_pgm_source(dataset: Any, sample_size: int = 16, num_workers: int = 0) 
 
 
 def pgm_num_rows(dataset: Any) -> int | None:
-    """The number of puzzles of a split (a `load_pgm` split, a datasets.Dataset, a list), None when not known."""
+    """The number of puzzles of a split (from `load_pgm`, a datasets.Dataset, a list); None if not known."""
     rows = getattr(dataset, "num_rows", None)
     if rows is not None or isinstance(dataset, PGMStream):
         return rows
@@ -140,7 +143,7 @@ def first_puzzles(dataset: Any, count: int) -> list[dict[str, Any]]:
 
 
 def skipped_files(dataset: Any) -> list[str]:
-    """Every bad file or row a split left out so far (its check and its reads, DataLoader workers included)."""
+    """Every bad file or row a split left out so far (its check and reads, DataLoader workers included)."""
     return list(getattr(dataset, "skipped_files", []))
 
 
@@ -303,14 +306,15 @@ def load_pgm(
 ) -> DeepMindPGMFolder | GeneratedPGM | HubPGMRows | PGMStream:
     """Load a PGM split from one of PGM_SOURCES; every puzzle comes out in the schema (`common`).
 
-    Returns a map-style ``torch`` Dataset (generated; a DeepMind folder; the Hub with ``streaming=False``) or a
-    `PGMStream` (``streaming=True``; a DeepMind archive; the Hub by default), each with ``num_rows``, ``check``,
-    ``first`` and ``skipped_files`` (see `check_pgm_source`, `first_puzzles`).
+    Returns a map-style ``torch`` Dataset (generated; a DeepMind folder; the Hub with ``streaming=False``) or
+    a `PGMStream` (``streaming=True``; a DeepMind archive; the Hub by default), each with ``num_rows``,
+    ``check``, ``first`` and ``skipped_files`` (see `check_pgm_source`, `first_puzzles`).
 
     - ``split``: ``train``, ``val`` (``validation`` accepted) or ``test``.
-    - ``regime``: one of REGIMES (DeepMind's names) for ``deepmind`` and ``generated``; only ``neutral`` for ``hub``.
-    - ``data_dir``: deepmind: a folder of .npz or a .tar.gz (required); hub: a repo id (default HUB_REPO_ID) or an
-      existing local Parquet folder or file; generated: unused.
+    - ``regime``: one of REGIMES (DeepMind's names) for ``deepmind`` and ``generated``; only ``neutral`` for
+      ``hub``.
+    - ``data_dir``: deepmind: a folder of .npz or a .tar.gz (required); hub: a repo id (default HUB_REPO_ID)
+      or an existing local Parquet folder or file; generated: unused.
     - ``max_samples``: at most that many puzzles, the first ones (sorted files, archive order, Parquet order);
       generated: the number of puzzles (default: the generator's).
     - ``seed``: the generator's seed; for streamed splits the shuffle seed (with ``shuffle_buffer_size``).
@@ -318,13 +322,13 @@ def load_pgm(
       image processor resizes.
     - ``streaming``: None picks the source's natural form (above).
 
-    Options (``**kwargs``): deepmind: ``skip_bad_files`` (False), ``skip_log`` (a file recording skips; default a
-    temporary one), ``num_shards`` (folder: min(64, files); archive: 1), ``shuffle_buffer_size``, ``index_dir``
-    (where an archive's count is kept; default ~/.cache/ni_hf/pgm_archives), ``num_rows`` (streamed: the length,
-    if known, instead of counting); hub: ``skip_bad_files``, ``skip_log``, ``cache_dir``, ``revision``,
-    ``shuffle_buffer_size``, ``num_rows``; generated: ``num_shards`` (streaming only), ``keep_extra_keys`` (False:
-    only the schema's keys; True with ``with_relations=True`` keeps the generator's ``relations``), anything else
-    goes to ``PGMGenerator`` (e.g. ``max_triples``).
+    Options (``**kwargs``): deepmind: ``skip_bad_files`` (False), ``skip_log`` (a file recording skips;
+    default a temporary one), ``num_shards`` (folder: min(64, files); archive: 1), ``shuffle_buffer_size``,
+    ``index_dir`` (where an archive's count is kept; default ~/.cache/ni_hf/pgm_archives), ``num_rows``
+    (streamed: the length, if known, instead of counting); hub: ``skip_bad_files``, ``skip_log``,
+    ``cache_dir``, ``revision``, ``shuffle_buffer_size``, ``num_rows``; generated: ``num_shards`` (streaming
+    only), ``keep_extra_keys`` (False: only the schema's keys; True with ``with_relations=True`` keeps the
+    generator's ``relations``), anything else goes to ``PGMGenerator`` (e.g. ``max_triples``).
     """
     _check_choice("source", source, PGM_SOURCES)
     split = "val" if split == "validation" else split

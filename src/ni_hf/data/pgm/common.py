@@ -1,17 +1,19 @@
-"""What every PGM source shares: the puzzle schema, the checks of one puzzle, the error that names its file, the
-record of skipped files and the report of a pre-training check.
+"""What every PGM source shares: the puzzle schema, the checks of one puzzle, the error that names its file,
+the record of skipped files and the report of a pre-training check.
 
 One puzzle, from any source, is a dict (the *schema*)::
 
     panels                      np.uint8 (16, H, W): the 8 context panels of the incomplete 3x3 matrix
                                 (row-major), then the 8 candidate panels
     target                      int 0-7, the correct candidate
-    meta_target                 np.uint8 (12,), bits in DeepMind's order (META_TARGET_NAMES): shape, line,
-                                color, number, position, size, type, progression, XOR, OR, AND, consistent_union
+    meta_target                 np.uint8 (12,), bits in DeepMind's order (META_TARGET_NAMES): shape,
+                                line, color, number, position, size, type, progression, XOR, OR, AND,
+                                consistent_union
     relation_structure_encoded  np.uint8 (4, 12), one row per (object, attribute, relation) triple, same
                                 columns (rows of zeros pad puzzles with fewer than 4 triples)
 
-``meta_target`` is the OR of the structure's rows (DeepMind's README); a puzzle where they disagree is refused.
+``meta_target`` is the OR of the structure's rows (DeepMind's README); a puzzle where they disagree is
+refused.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class PGMFileError(ValueError):
 
 
 def as_uint8(array: np.ndarray, where: str, what: str) -> np.ndarray:
-    """Cast an integer array with values in 0-255 to uint8; refuse floats, other types and other values by name."""
+    """Cast an integer array with values in 0-255 to uint8; refuse floats, other types, other values."""
     if array.dtype == np.uint8:
         return array
     if array.dtype.kind not in "ui" or array.size == 0:
@@ -109,7 +111,7 @@ def panels_from_image(image: Any, where: str) -> np.ndarray:
     """DeepMind's `image` (160x160x16 as stored, or flat, or 16xHxW) as (16, side, side) uint8."""
     image = np.asarray(image)
     side = check_image_layout(image.shape, image.dtype, where)
-    # DeepMind's README: the stored array is panel-major despite its 160x160x16 label: reshape, never transpose.
+    # DeepMind's README: the stored array is panel-major despite its 160x160x16 label: reshape, not transpose.
     return as_uint8(image.reshape(NUM_PANELS, side, side), where, "'image'")
 
 
@@ -145,7 +147,7 @@ def _names(bits: np.ndarray) -> list[str]:
 
 
 def _check_structure(meta_target: np.ndarray, structure: np.ndarray, where: str) -> None:
-    """Each row of the structure is one (object, attribute, relation) triple or zeros; meta_target is their OR."""
+    """Each structure row is one (object, attribute, relation) triple or zeros; meta_target is their OR."""
     for row_index, row in enumerate(structure):
         counts = {kind: int(row[columns].sum()) for kind, columns in _COLUMNS.items()}
         if row.any() and set(counts.values()) != {1}:
@@ -205,8 +207,8 @@ def _remove(path: str) -> None:
 
 
 class SkipLog:
-    """The bad files or rows a dataset skipped, one line each in a file, so that the skips of DataLoader workers
-    (and of anything else sharing the path) count too; a temporary file unless `path` is given."""
+    """The bad files or rows a dataset skipped, one line each in a file, so that the skips of DataLoader
+    workers (and of anything else sharing the path) count too; a temporary file unless `path` is given."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         if path is None:
@@ -229,7 +231,7 @@ class SkipLog:
             lines = Path(self.path).read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             return []
-        return [tuple(line.split("\t", 1)) if "\t" in line else (line, "") for line in lines]  # type: ignore[misc]
+        return [(*line.split("\t", 1), "")[:2] for line in lines]  # type: ignore[misc]
 
     def __len__(self) -> int:
         return len(self.entries())
@@ -286,5 +288,6 @@ class PGMCheckReport:
             )
             raise PGMFileError(
                 where,
-                f"{problem}{others} (found checking {self.source}; pass skip_bad_files=True to leave bad files out)",
+                f"{problem}{others} (found checking {self.source}; to leave bad files out pass "
+                "skip_bad_files=True, or run_pgm.py --skip_bad_files)",
             )

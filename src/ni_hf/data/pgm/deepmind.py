@@ -1,17 +1,21 @@
-"""DeepMind's PGM release, read from files the user downloaded: a folder of `.npz` files or a regime's `.tar.gz`.
+"""DeepMind's PGM release, read from files the user downloaded: a folder of `.npz` files or a regime's
+`.tar.gz`.
 
-github.com/google-deepmind/abstract-reasoning-matrices (README): the bucket ``ravens-matrices`` holds one archive
-per generalisation regime (``neutral.tar.gz``, ``interpolation.tar.gz``, ... , REGIMES), each with 1.42M files
-``PGM_<regime>_<train|val|test>_<id>.npz`` (TensorFlow Datasets' split table: train 1.2M, val 20k, test 200k).
-Licence: "made available for the purposes of non-commercial research only"; nothing here fetches it.
+github.com/google-deepmind/abstract-reasoning-matrices (README): the bucket ``ravens-matrices`` holds one
+archive per generalisation regime (``neutral.tar.gz``, ``interpolation.tar.gz``, ... , REGIMES), each with
+1.42M files ``PGM_<regime>_<train|val|test>_<id>.npz`` (TensorFlow Datasets' split table: train 1.2M, val 20k,
+test 200k). Licence: "made available for the purposes of non-commercial research only"; nothing here fetches
+it.
 
-- A folder (searched recursively) is listed once, names only, kept in numpy arrays so that DataLoader workers do
-  not copy them: :class:`DeepMindPGMFolder`, a map-style dataset of that many puzzles, each file opened when read.
+- A folder (searched recursively) is listed once, names only, kept in numpy arrays so that DataLoader workers
+  do not copy them: :class:`DeepMindPGMFolder`, a map-style dataset of that many puzzles, each file opened
+  when read.
 - A ``.tar.gz`` is read as a stream, member by member, never extracted: :class:`DeepMindPGMArchive` behind a
   `PGMStream`. A gzip stream has no index, so counting its members takes one pass over the archive; that pass
   also checks every member's headers and reads a sample in full, and is kept (memory, and a small JSON file
-  under ``index_dir``) for the next split and the next run. Each of ``num_shards`` shards reads the whole stream
-  and keeps every ``num_shards``-th member: extracting the archive is faster when it is read more than once.
+  under ``index_dir``) for the next split and the next run. Each of ``num_shards`` shards reads the whole
+  stream and keeps every ``num_shards``-th member: extracting the archive is faster when it is read more than
+  once.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ DEEPMIND_HELP = (
 _DEEPMIND_NAME = re.compile(r"^PGM_(?P<regime>[A-Za-z.]+)_(?P<split>train|val|test)_(?P<id>\d+)\.npz$")
 _ARCHIVE_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)
 _INDEX_VERSION = 1
+ARCHIVE_SAMPLE = 64  # members of each split read in full by the counting pass
 
 
 def parse_deepmind_name(name: str) -> tuple[str, str, int] | None:
@@ -129,7 +134,7 @@ def _inspect(path: str) -> str | None:
 
 
 def _inspect_all(paths: list[str], num_workers: int, what: str) -> list[tuple[int, str]]:
-    """(index, problem) of every file whose headers are bad; `num_workers` threads (file reads wait on I/O)."""
+    """(index, problem) of every file whose headers are bad; `num_workers` threads (reads wait on I/O)."""
     from tqdm.auto import tqdm
 
     progress = {"desc": f"Checking the headers of {what}", "unit": "file", "total": len(paths)}
@@ -267,7 +272,8 @@ class DeepMindPGMFolder(torch.utils.data.Dataset):
         return unknown_length_message(self.describe(), "not listed")
 
     def __repr__(self) -> str:
-        return f"DeepMindPGMFolder({str(self.root)!r}, split={self.split!r}, regime={self.regime!r}, files={len(self)})"
+        root, split, regime = str(self.root), self.split, self.regime
+        return f"DeepMindPGMFolder({root!r}, split={split!r}, regime={regime!r}, files={len(self)})"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -281,8 +287,8 @@ def _open_tar_stream(path: Path) -> tarfile.TarFile:
 
 
 def archive_members(path: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
-    """(name, read) of each file member in archive order; `read()` returns its bytes (call it before the next).
-    A truncated or corrupt archive raises :class:`PGMFileError` naming the archive and the member."""
+    """(name, read) of each file member in archive order; `read()` returns its bytes (call it before the
+    next). A truncated or corrupt archive raises :class:`PGMFileError` naming the archive and the member."""
     current, count = None, 0
     with _open_tar_stream(path) as tar:
         while True:
@@ -319,7 +325,7 @@ def archive_members(path: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
 
 @dataclass
 class ArchiveIndex:
-    """One pass over an archive: members per `PGM_<regime>_<split>`, members found bad, how many read fully."""
+    """One pass over an archive: members per `PGM_<regime>_<split>`, members found bad, how many read."""
 
     counts: dict[str, int] = field(default_factory=dict)
     bad: list[tuple[str, str]] = field(default_factory=list)  # (member, problem)
@@ -371,7 +377,8 @@ def _scan(path: Path, sample_size: int) -> ArchiveIndex:
 def scan_archive(
     path: Path, sample_size: int = 16, index_dir: str | os.PathLike[str] | None = None
 ) -> ArchiveIndex:
-    """The archive's index: from memory, from ``index_dir`` (default ~/.cache/ni_hf/pgm_archives), or one pass."""
+    """The archive's index: from memory, from ``index_dir`` (default ~/.cache/ni_hf/pgm_archives), or counted
+    in one pass."""
     key = _index_key(path)
     cached = _INDEXES.get(key)
     stored = Path(index_dir) if index_dir is not None else default_index_dir()
@@ -385,10 +392,8 @@ def scan_archive(
     if cached is not None and cached.sample_size >= sample_size:
         _INDEXES[key] = cached
         return cached
-    logger.info(
-        f"Counting and checking the members of {path} (one pass over the archive, kept in {stored} for later runs)"
-    )
-    index = _scan(path, sample_size)
+    logger.info(f"Counting and checking the members of {path} (one pass over the archive, kept in {stored})")
+    index = _scan(path, max(sample_size, ARCHIVE_SAMPLE))
     _INDEXES[key] = index
     try:
         stored.parent.mkdir(parents=True, exist_ok=True)
@@ -437,7 +442,7 @@ class DeepMindPGMArchive:
         return parsed is not None and parsed[:2] == (self.regime, self.split)
 
     def index(self, sample_size: int = 16) -> ArchiveIndex:
-        """The archive's index (one pass the first time); with ``skip_bad_files`` its bad members are left out."""
+        """The archive's index (one pass the first time); with ``skip_bad_files`` its bad members left out."""
         if self._index is None or self._index.sample_size < sample_size:
             self._index = scan_archive(self.path, sample_size, self.index_dir)
             if self.kind not in self._index.counts:

@@ -1,8 +1,8 @@
 """Puzzles from :mod:`ni_hf.data.pgm_generator`, the package's offline PGM-style generator, as a dataset.
 
 Deterministic per index: item ``i`` of a (regime, split, seed) is always the same puzzle, so the dataset is
-map-style with a known length (the generator's ``num_puzzles``); ``streaming=True`` reads it as interleaved index
-shards of a `PGMStream`.
+map-style with a known length (the generator's ``num_puzzles``); ``streaming=True`` reads it as interleaved
+index shards of a `PGMStream`.
 """
 
 from __future__ import annotations

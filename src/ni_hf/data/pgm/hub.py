@@ -1,18 +1,19 @@
-"""The Hugging Face Hub copy ``HuggingFaceM4/PGM`` (neutral regime only, Parquet, about 44 GB), or a local folder
-of Parquet files in its layout.
+"""The Hugging Face Hub copy ``HuggingFaceM4/PGM`` (neutral regime only, Parquet, about 44 GB), or a local
+folder of Parquet files in its layout.
 
-HuggingFaceM4's conversion script reads the neutral ``.npz`` files and pushes splits ``train``, ``validation``,
-``test`` with features ``panels`` (8 context images, PNG), ``choices`` (8 candidates), ``relation_structure_encoded``
-(Array2D (4, 12) uint8), ``relation_structure`` (Array2D (1, 3) string), ``meta_target`` (Array2D (1, 12) uint8),
-``target`` (uint8) and ``id`` (int32), in files ``data/<split>-000NN-of-000MM.parquet``. That the files on the Hub
-were made by exactly that script is not confirmed, so other layouts are read too: ``panels`` with all 16 images,
-``context`` + ``answers`` (TensorFlow Datasets' names), an ``image`` array of 16 panels (as in the .npz), or 16
-columns ``panel_0`` ... ``panel_15``; anything else is refused, listing the columns found and those expected.
+HuggingFaceM4's conversion script reads the neutral ``.npz`` files and pushes splits ``train``,
+``validation``, ``test`` with features ``panels`` (8 context images, PNG), ``choices`` (8 candidates),
+``relation_structure_encoded`` (Array2D (4, 12) uint8), ``relation_structure`` (Array2D (1, 3) string),
+``meta_target`` (Array2D (1, 12) uint8), ``target`` (uint8) and ``id`` (int32), in files
+``data/<split>-000NN-of-000MM.parquet``. That the files on the Hub were made by exactly that script is not
+confirmed, so other layouts are read too: ``panels`` with all 16 images, ``context`` + ``answers`` (TensorFlow
+Datasets' names), an ``image`` array of 16 panels (as in the .npz), or 16 columns ``panel_0`` ...
+``panel_15``; anything else is refused, listing the columns found and those expected.
 
 Local files are read with pyarrow, one file per shard; their row counts come from the Parquet footers, so the
 length is known without reading a row, and a bad row is named by file and row. Images are decoded here (not by
-``datasets``), so that a corrupt PNG is named too. A Hub repo id is read through ``datasets.load_dataset``; its
-length is the dataset info's split size where the Hub gives one.
+``datasets``), so that a corrupt PNG is named too. A Hub repo id is read through ``datasets.load_dataset``;
+its length is the dataset info's split size where the Hub gives one.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ HUB_REGIMES = ("neutral",)
 HUB_SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}
 HUB_EXPECTED = (
     "'panels' (8 context images) and 'choices' (8 candidates) as in HuggingFaceM4/PGM; or 'panels' with all "
-    "16 images; or 'context' and 'answers'; or an 'image' array of 16 panels; or 16 columns panel_0..panel_15; "
+    "16 images; or 'context' and 'answers'; or an 'image' array of 16 panels; or 16 columns "
+    "panel_0..panel_15; "
     "plus 'target', 'meta_target' and 'relation_structure_encoded'"
 )
 _LABELS = ("target", "meta_target", "relation_structure_encoded")
@@ -157,8 +159,8 @@ def _footer(file: str) -> pq.ParquetFile:
 
 
 class HubParquetFiles:
-    """Local Parquet files in the Hub's layout, as a `PGMStream` source: one shard per file, rows counted from the
-    footers, rows named by file and row."""
+    """Local Parquet files in the Hub's layout, as a `PGMStream` source: one shard per file, rows counted from
+    the footers, rows named by file and row."""
 
     def __init__(
         self,
@@ -315,8 +317,8 @@ class HubRepoStream:
 
 
 class HubPGMRows(torch.utils.data.Dataset):
-    """Map-style rows of a downloaded split (``streaming=False``), mapped to the schema on access; a bad row is
-    named by file and row where the files are local."""
+    """Map-style rows of a downloaded split (``streaming=False``), mapped to the schema on access; a bad row
+    is named by file and row where the files are local."""
 
     def __init__(
         self,

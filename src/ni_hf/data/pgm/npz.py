@@ -1,9 +1,9 @@
-"""One DeepMind `.npz` file: read in full into the schema, or checked from its headers without reading the pixels.
+"""One DeepMind `.npz` file: read in full into the schema, or checked from its headers without its pixels.
 
-DeepMind's files (github.com/google-deepmind/abstract-reasoning-matrices, README) hold ``image`` ("a 160x160x16
-integer array with values from 0 to 255", stored panel-major, hence ``reshape(16, 160, 160)``), ``target``,
-``meta_target`` (12 bits), ``relation_structure_encoded`` (4x12 bits; the README calls it ``meta_matrix``, also
-accepted) and ``relation_structure`` (the triples' names, not read).
+DeepMind's files (github.com/google-deepmind/abstract-reasoning-matrices, README) hold ``image`` ("a
+160x160x16 integer array with values from 0 to 255", stored panel-major, hence ``reshape(16, 160, 160)``),
+``target``, ``meta_target`` (12 bits), ``relation_structure_encoded`` (4x12 bits; the README calls it
+``meta_matrix``, also accepted) and ``relation_structure`` (the triples' names, not read).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def _read_small(archive: zipfile.ZipFile, member: str) -> np.ndarray:
 
 def inspect_deepmind_npz(file: str | os.PathLike[str] | IO[bytes], name: str | None = None) -> None:
     """Check one DeepMind `.npz` without reading its uint8 pixels: that it opens, its keys, `image`'s shape,
-    dtype and stored size, and the labels in full (a few bytes); pixels of another integer type are read to check
-    their range. Raise :class:`PGMFileError` naming what is wrong."""
+    dtype and stored size, and the labels in full (a few bytes); pixels of another integer type are read to
+    check their range. Raise :class:`PGMFileError` naming what is wrong."""
     where = name if name is not None else os.fspath(file)  # type: ignore[arg-type]
     try:
         with zipfile.ZipFile(file) as archive:

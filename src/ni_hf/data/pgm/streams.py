@@ -1,10 +1,11 @@
-"""Streamed PGM splits that know their length: `PGMStream` reads a source's shards, spread over DataLoader workers
-and over ranks (`split_by_node`), shuffled with a buffer if asked.
+"""Streamed PGM splits that know their length: `PGMStream` reads a source's shards, spread over DataLoader
+workers and over ranks (`split_by_node`), shuffled with a buffer if asked.
 
 A source (an archive, Parquet files, a folder or the generator) gives picklable shard descriptions, reads one
-shard, and counts the puzzles of one where it can; `PGMStream` is a ``torch`` IterableDataset whose ``__len__``
-is that count, so that Trainer derives the steps of an epoch from it. Where no count can be known, ``__len__``
-raises a TypeError that says so and names ``--max_steps`` (Trainer reads that TypeError as "no length").
+shard, and counts the puzzles of one where it can; `PGMStream` is a ``torch`` IterableDataset whose
+``__len__`` is that count, so that Trainer derives the steps of an epoch from it. Where no count can be known,
+``__len__`` raises a TypeError that says so and names ``--max_steps`` (Trainer reads that TypeError as "no
+length").
 """
 
 from __future__ import annotations
