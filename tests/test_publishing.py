@@ -24,13 +24,13 @@ import ni_hf.training.publishing
 from ni_hf.training.publishing import (
     UPLOAD_IGNORE_PATTERNS,
     Launch,
-    check_process_count,
     check_push,
     explain_push_failure,
     hub_repo_id,
     push_folder,
     push_run,
     reconstruct_command,
+    warn_if_fewer_processes,
 )
 
 RUN_FILES = [
@@ -104,7 +104,7 @@ def test_without_a_known_launcher_the_command_is_reconstructed_and_says_so(
     assert command.startswith("torchrun --nproc_per_node 2 ") and "reconstructed from the environment" in note
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
     assert reconstruct_command("examples/run.py", [], 4)[0].startswith("accelerate launch --num_processes 4 ")
-    assert check_process_count(1, "examples/run.py") is None
+    assert warn_if_fewer_processes(1, "examples/run.py") is None
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ PROBE = textwrap.dedent(
     spec.loader.exec_module(publishing)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     command, note = publishing.reconstruct_command(__file__, sys.argv[1:], world)
-    warning = publishing.check_process_count(world, __file__)
+    warning = publishing.warn_if_fewer_processes(world, __file__)
     with open(f"record_{{os.environ.get('RANK', '0')}}.json", "w") as f:  # two processes share one stdout
         json.dump(dict(world=world, command=command, note=note, warning=warning), f)
     """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 __all__ = [
     "UPLOAD_IGNORE_PATTERNS",
     "Launch",
-    "check_process_count",
+    "warn_if_fewer_processes",
     "check_push",
     "detect_launch",
     "explain_push_failure",
@@ -238,13 +239,14 @@ def reconstruct_command(script: str | os.PathLike, argv: list[str], world_size: 
     )
 
 
-def check_process_count(world_size: int, script: str | os.PathLike) -> str | None:
+def warn_if_fewer_processes(world_size: int, script: str | os.PathLike | None = None) -> str | None:
     """Warn (and return the warning) when a launcher asked for more processes than the run has, saying how two CPU
-    processes are started: ``accelerate launch --cpu`` starts one process whatever ``--num_processes`` says."""
+    processes are started (for ``script``, default this process's): ``accelerate launch --cpu`` starts one process
+    whatever ``--num_processes`` says."""
     launch = detect_launch()
     if not launch.requested_processes or launch.requested_processes <= world_size:
         return None
-    script_text = _relative(str(script))
+    script_text = _relative(str(script if script is not None else sys.argv[0]))
     ways = " or ".join(f"`{way.format(script=script_text)}`" for way in TWO_CPU_PROCESSES)
     cpu = " (accelerate's --cpu launcher starts one process)" if "--cpu" in launch.argv else ""
     message = (
