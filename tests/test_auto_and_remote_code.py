@@ -54,7 +54,9 @@ def test_checkpoint_holds_safetensors_config_code_and_processor(checkpoint):
     assert {
         "configuration_neural_interpreter.py",
         "modeling_neural_interpreter.py",
-        "input_checks.py",
+        "configuration_checks.py",
+        "modeling_checks.py",
+        "task_heads.py",
     } <= files
     assert "image_processing_neural_interpreter.py" in files
     assert not any(f.endswith(".bin") for f in files)
@@ -162,31 +164,6 @@ def test_set_regression_model_saves_and_reloads(tester, tmp_path):
         )
 
 
-SET_REGRESSION_REMOTE_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    sys.modules["ni_hf"] = None  # importing the package must be impossible here
-    import numpy as np, torch
-    from transformers import AutoConfig, AutoModel
-    from transformers.dynamic_module_utils import get_class_from_dynamic_module
-
-    path = sys.argv[1]
-    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
-    backbone = AutoModel.from_pretrained(path, trust_remote_code=True)
-    assert type(backbone).__name__ == "NeuralInterpreterModel", type(backbone)
-    (architecture,) = config.architectures
-    head_class = get_class_from_dynamic_module(f"modeling_neural_interpreter.{architecture}", path)
-    model = head_class.from_pretrained(path).eval()
-    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-    x = torch.from_numpy(np.load(f"{path}/inputs.npy"))
-    with torch.no_grad():
-        predictions = model(inputs=x).predictions
-    torch.testing.assert_close(predictions, torch.from_numpy(np.load(f"{path}/expected.npy")), rtol=1e-6, atol=1e-6)
-    print("REMOTE_OK", architecture)
-    """
-)
-
-
 def run_without_ni_hf(script: str, path, tmp_path) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
@@ -202,28 +179,6 @@ def run_without_ni_hf(script: str, path, tmp_path) -> subprocess.CompletedProces
         text=True,
         timeout=300,
     )
-
-
-def test_set_regression_checkpoint_loads_without_ni_hf(tester, tmp_path):
-    """A fuzzy-Boolean checkpoint carries the code: backbone via AutoModel, the head via its dynamic module."""
-    config = tester.get_set_regression_config()
-    model = ni_hf.NeuralInterpreterForSetRegression(config).eval()
-    path = tmp_path / "ckpt"
-    model.save_pretrained(path)
-    saved = json.loads((path / "config.json").read_text())
-    assert saved["architectures"] == ["NeuralInterpreterForSetRegression"]
-    assert saved["auto_map"] == {
-        "AutoConfig": "configuration_neural_interpreter.NeuralInterpreterConfig",
-        "AutoModel": "modeling_neural_interpreter.NeuralInterpreterModel",
-    }
-    assert (path / "modeling_neural_interpreter.py").is_file()
-    x = torch.rand(4, config.num_input_variables)
-    np.save(path / "inputs.npy", x.numpy())
-    with torch.no_grad():
-        np.save(path / "expected.npy", model(inputs=x).predictions.numpy())
-    proc = run_without_ni_hf(SET_REGRESSION_REMOTE_SCRIPT, path, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "REMOTE_OK NeuralInterpreterForSetRegression" in proc.stdout
 
 
 REMOTE_SCRIPT = textwrap.dedent(
@@ -268,3 +223,99 @@ def test_remote_code_loads_in_a_process_that_cannot_import_ni_hf(checkpoint, tmp
     proc = run_without_ni_hf(REMOTE_SCRIPT, path, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REMOTE_OK []" in proc.stdout
+
+
+EVERY_MODEL_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["ni_hf"] = None  # importing the package must be impossible here
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModel
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    for path, entry in json.load(open(sys.argv[1])).items():
+        config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+        assert type(config).__module__.startswith("transformers_modules"), type(config).__module__
+        if entry["auto_class"] is None:  # a head without an Auto class of its own: its class from the copied code
+            (architecture,) = config.architectures
+            module = config.auto_map["AutoModel"].split(".")[0]
+            model = get_class_from_dynamic_module(f"{module}.{architecture}", path).from_pretrained(path)
+        else:
+            model = getattr(transformers, entry["auto_class"]).from_pretrained(path, trust_remote_code=True)
+        assert type(model).__name__ == entry["class"], (type(model), entry)
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        io = torch.load(f"{path}/io.pt")
+        with torch.no_grad():
+            output = model.eval()(**io["inputs"])[entry["output"]]
+        torch.testing.assert_close(output, io["expected"], rtol=1e-5, atol=1e-6)
+        backbone = AutoModel.from_pretrained(path, trust_remote_code=True)
+        assert type(backbone).__module__.startswith("transformers_modules"), type(backbone).__module__
+        print("REMOTE_OK", entry["class"])
+    """
+)
+
+
+def every_model(
+    tester: NeuralInterpreterModelTester,
+) -> dict[str, tuple[torch.nn.Module, dict, str, str | None]]:
+    """Each model class of the package: the model, inputs, the output compared, and the Auto class that loads it."""
+    ni, vit = tester.get_config(), tester.get_vit_config()
+    pgm = tester.get_pgm_config()
+    vit_pgm = tester.get_vit_config(
+        task_names=["pgm"], num_labels=1, panel_size=16, panel_cnn_channels=4, panel_cnn_layers=2
+    )
+    set_inputs = {"inputs": torch.rand(tester.batch_size, 5)}
+    image_inputs = {k: v for k, v in tester.prepare_inputs(ni).items() if k != "labels"}
+    panel_inputs = {"pixel_values": tester.prepare_pgm_inputs(pgm)["pixel_values"]}
+    torch.manual_seed(0)
+    return {
+        "ni_image": (
+            ni_hf.NeuralInterpreterForImageClassification(ni),
+            image_inputs,
+            "logits",
+            "AutoModelForImageClassification",
+        ),
+        "ni_set": (
+            ni_hf.NeuralInterpreterForSetRegression(tester.get_set_regression_config()),
+            set_inputs,
+            "predictions",
+            None,
+        ),
+        "ni_pgm": (
+            ni_hf.NeuralInterpreterForMultipleChoice(pgm),
+            panel_inputs,
+            "logits",
+            "AutoModelForMultipleChoice",
+        ),
+        "vit_image": (
+            ni_hf.MultiTaskViTForImageClassification(vit),
+            image_inputs,
+            "logits",
+            "AutoModelForImageClassification",
+        ),
+        "vit_pgm": (
+            ni_hf.MultiTaskViTForMultipleChoice(vit_pgm),
+            panel_inputs,
+            "logits",
+            "AutoModelForMultipleChoice",
+        ),
+    }
+
+
+def test_every_model_loads_with_remote_code_in_a_process_that_cannot_import_ni_hf(tester, tmp_path):
+    """Each model's checkpoint carries its code (the shared files as copies): it loads by its Auto class (or, for a
+    head without one, by its class in the copied code) and gives the outputs of the saving process."""
+    manifest = {}
+    for name, (model, inputs, output, auto_class) in every_model(tester).items():
+        path = tmp_path / name
+        model.eval().save_pretrained(path)
+        with torch.no_grad():
+            expected = model(**inputs)[output]
+        torch.save({"inputs": inputs, "expected": expected}, path / "io.pt")
+        assert not any(f.is_symlink() for f in path.iterdir())
+        manifest[str(path)] = {"class": type(model).__name__, "output": output, "auto_class": auto_class}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_without_ni_hf(EVERY_MODEL_SCRIPT, tmp_path / "manifest.json", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("REMOTE_OK") == len(manifest), proc.stdout

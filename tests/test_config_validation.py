@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 import ni_hf
 from ni_hf.models.multitask_vit import configuration_multitask_vit, modeling_multitask_vit
 from ni_hf.models.multitask_vit.configuration_multitask_vit import MultiTaskViTConfig
-from ni_hf.models.neural_interpreter import configuration_neural_interpreter, input_checks
+from ni_hf.models.neural_interpreter import configuration_neural_interpreter
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import (
     ARCHITECTURE_FIELDS,
     PAPER_PRESETS,
@@ -180,21 +180,30 @@ def test_validate_task_names_refuses(check, names, message):
 
 
 def test_multitask_vit_config_module_imports_only_what_its_checkpoint_copies():
-    """A ViT checkpoint's copied remote code holds its config, its modeling file and input_checks.py."""
+    """A ViT checkpoint's copied remote code holds its config, its modeling file and its copy of the config checks."""
     tree = ast.parse(Path(configuration_multitask_vit.__file__).read_text())
     modules = [
         alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
     ] + [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert not any("neural_interpreter" in module or module.startswith("ni_hf") for module in modules)
     relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
-    assert relative == {"input_checks"}
+    assert relative == {"configuration_checks"}
 
 
-def test_both_configs_share_one_copy_of_their_checks():
-    vit_checks = Path(inspect.getsourcefile(configuration_multitask_vit.check_task_names)).resolve()
-    assert vit_checks == Path(input_checks.__file__).resolve()
+def test_both_configs_declare_their_shared_settings_and_checks_once():
+    """The task and panel settings are the mixins' fields, not each config's; the checks live in the checks file."""
+    for config_class in (NeuralInterpreterConfig, MultiTaskViTConfig):
+        names = {field.name for field in dataclasses.fields(config_class)}
+        assert {"task_names", "default_task", "panel_size", "panel_cnn_layers"} <= names
     for module in (configuration_neural_interpreter, configuration_multitask_vit):
         source = Path(module.__file__).read_text()
+        for declaration in (
+            "task_names: list",
+            "default_task: int",
+            "panel_size: int",
+            "panel_cnn_layers: int",
+        ):
+            assert declaration not in source, (module.__name__, declaration)
         assert "def validate_task_names" not in source and "PRETRAINED_CONFIG_KEYS" not in source
 
 

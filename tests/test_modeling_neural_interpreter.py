@@ -16,7 +16,7 @@ from ni_hf import (
     NeuralInterpreterForSetRegression,
     NeuralInterpreterModel,
 )
-from ni_hf.models.neural_interpreter import input_checks, modeling_neural_interpreter
+from ni_hf.models.neural_interpreter import modeling_checks, modeling_neural_interpreter
 from ni_hf.models.neural_interpreter.modeling_neural_interpreter import RelativePositionalBias, patchify
 
 # --- shapes for every input kind ------------------------------------------------------------------
@@ -1070,7 +1070,7 @@ def test_input_embeddings_can_be_replaced(tester):
 
 def test_a_routing_that_accepts_no_token_warns_once_and_gives_no_nan(tester, monkeypatch):
     warnings = []
-    monkeypatch.setattr(input_checks.logger, "warning_once", warnings.append)
+    monkeypatch.setattr(modeling_checks.logger, "warning_once", warnings.append)
     config = tester.get_config()
     model = NeuralInterpreterForImageClassification(config).eval()
     pixels = torch.randn(2, config.num_patches, config.patch_dim)

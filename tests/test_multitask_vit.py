@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -173,7 +170,7 @@ def test_bad_task_ids_and_labels_give_clear_errors(tester):
         match=r"`task_ids` must be one task index, or a 1-D tensor with one per sample \(4\), got shape \(2,\)",
     ):
         model(pixel_values=x, task_ids=torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match=r"`labels` must have one entry per sample \(4\), got 3"):
+    with pytest.raises(ValueError, match=r"`labels` must have one entry per sample \(4\), got shape \(3,\)"):
         model(pixel_values=x, task_ids=torch.zeros(4, dtype=torch.long), labels=torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="Images must have shape"):
         model(pixel_values=torch.randn(4, 3, 16, 16))
@@ -273,7 +270,8 @@ def test_checkpoint_holds_code_and_auto_map(checkpoint):
         "AutoModel": "modeling_multitask_vit.MultiTaskViTModel",
         "AutoModelForImageClassification": "modeling_multitask_vit.MultiTaskViTForImageClassification",
     }
-    for name in ("modeling_multitask_vit.py", "configuration_multitask_vit.py", "input_checks.py"):
+    copied = ("configuration_checks.py", "modeling_checks.py", "task_heads.py")
+    for name in ("modeling_multitask_vit.py", "configuration_multitask_vit.py", *copied):
         assert (path / name).is_file(), name
     assert (path / "model.safetensors").is_file()
 
@@ -290,62 +288,6 @@ def test_auto_classes_and_pipeline_after_import(checkpoint):
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8))
     result = pipeline("image-classification", model=str(path), top_k=3)(image)
     assert len(result) == 3 and {"label", "score"} <= set(result[0])
-
-
-REMOTE_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    sys.modules["ni_hf"] = None  # importing the package must be impossible here
-    try:
-        import ni_hf  # noqa: F401
-        raise SystemExit("ni_hf was importable")
-    except ImportError:
-        pass
-    import numpy as np, torch
-    from PIL import Image
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
-
-    path = sys.argv[1]
-    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
-    assert type(config).__module__.startswith("transformers_modules"), type(config).__module__
-    model = AutoModelForImageClassification.from_pretrained(path, trust_remote_code=True).eval()
-    assert type(model).__name__ == "MultiTaskViTForImageClassification", type(model)
-    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-    x = torch.from_numpy(np.load(f"{path}/inputs.npy"))
-    with torch.no_grad():
-        logits = model(pixel_values=x, task_ids=torch.tensor([0, 1])).logits
-    expected = torch.from_numpy(np.load(f"{path}/expected_logits.npy"))
-    torch.testing.assert_close(logits, expected, rtol=1e-6, atol=1e-6)
-    processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=True)
-    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8))
-    with torch.no_grad():
-        assert model(**processor(images=[image], return_tensors="pt")).logits.shape == (1, 10)
-    backbone = AutoModel.from_pretrained(path, trust_remote_code=True)
-    assert type(backbone).__name__ == "MultiTaskViTModel"
-    print("REMOTE_OK", sorted(k for k, v in sys.modules.items() if k.startswith("ni_hf") and v is not None))
-    """
-)
-
-
-def test_remote_code_loads_in_a_process_that_cannot_import_ni_hf(checkpoint, tmp_path):
-    path, _ = checkpoint
-    env = {
-        **os.environ,
-        "PYTHONPATH": "",
-        "HF_HUB_OFFLINE": "1",
-        "HF_MODULES_CACHE": str(tmp_path / "modules"),
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", REMOTE_SCRIPT, str(path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "REMOTE_OK []" in proc.stdout
 
 
 # --- examples/run_digits.py --architecture vit and examples/run_digits_adaptation.py ------------------

@@ -6,17 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from huggingface_hub.dataclasses import strict, validated_field
+from huggingface_hub.dataclasses import strict
 from transformers import ViTConfig
 
-from .input_checks import (
-    MultiTaskConfigMixin,
-    check_task_index,
-    check_task_names,
-    named_errors,
-    positive_int,
-    preset_settings,
-)
+from .configuration_checks import MultiTaskConfigMixin, PanelConfigMixin, named_errors, preset_settings
 
 # The paper's digits ViT baseline (appendix, Figure 4a): 8 pre-norm layers, d = 192, 3 heads of 64, MLP 192, 4x4
 # patches of 32x32 RGB images, one CLS token and head per pre-training dataset. The reference's transformer
@@ -55,7 +48,7 @@ MULTITASK_VIT_PRESET_ID2LABEL: dict[str, dict[int, str]] = {"digits": {i: str(i)
 
 @named_errors
 @strict
-class MultiTaskViTConfig(MultiTaskConfigMixin, ViTConfig):
+class MultiTaskViTConfig(MultiTaskConfigMixin, PanelConfigMixin, ViTConfig):
     r"""A `ViTConfig` with one learned CLS token and one LayerNorm + Linear head per task.
 
     Args:
@@ -63,20 +56,11 @@ class MultiTaskViTConfig(MultiTaskConfigMixin, ViTConfig):
             "default".
         default_task: index of the task used when `task_ids` is not given (e.g. by `pipeline`).
         num_context_panels / num_choices / panel_size / panel_channels / panel_cnn_channels / panel_cnn_layers:
-            PGM puzzles and their panel CNN for `MultiTaskViTForMultipleChoice`, as in `NeuralInterpreterConfig`.
+            PGM puzzles and their panel CNN for `MultiTaskViTForMultipleChoice` (see `PanelConfigMixin`).
         Other arguments as in `transformers.ViTConfig` (`pooler_*` and `encoder_stride` are unused).
     """
 
     model_type = "ni_multitask_vit"
-
-    task_names: list[str] | tuple[str, ...] | None = validated_field(check_task_names, default=None)
-    default_task: int = validated_field(check_task_index, default=0)
-    num_context_panels: int = positive_int(default=8)
-    num_choices: int = positive_int(default=8)
-    panel_size: int = positive_int(default=80)
-    panel_channels: int = positive_int(default=1)
-    panel_cnn_channels: int = positive_int(default=32)
-    panel_cnn_layers: int = positive_int(default=4)
 
     @classmethod
     def from_paper(cls, name: str = "digits", **overrides: Any) -> MultiTaskViTConfig:

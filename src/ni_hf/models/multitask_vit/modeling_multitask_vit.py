@@ -25,16 +25,11 @@ from transformers.modeling_outputs import (
 from transformers.models.vit.modeling_vit import ViTLayer, ViTPatchEmbeddings
 from transformers.utils.generic import can_return_tuple
 
+from .configuration_checks import validate_task_names
 from .configuration_multitask_vit import MultiTaskViTConfig
-from .input_checks import (
-    check_forward,
-    check_not_empty,
-    check_tensor,
-    cross_entropy_loss,
-    resolve_task_ids,
-    validate_task_names,
-)
-from .panel_embedding import PanelEmbedding
+from .modeling_checks import check_forward, check_not_empty, check_tensor
+from .panel_embedding import PanelEmbedding, init_panel_embedding
+from .task_heads import TaskHead, TaskHeadsMixin, multiple_choice_loss
 
 
 class MultiTaskViTEmbeddings(nn.Module):
@@ -83,18 +78,6 @@ class MultiTaskViTEmbeddings(nn.Module):
             elements = inputs_embeds.to(self.task_tokens.dtype)
         tokens = self.task_tokens.to(elements.dtype).unsqueeze(0).expand(elements.shape[0], -1, -1)
         return self.dropout(torch.cat([tokens, elements], dim=1))
-
-
-class MultiTaskViTHead(nn.Module):
-    """LayerNorm + Linear on one task token's output."""
-
-    def __init__(self, hidden_size: int, num_outputs: int, eps: float) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden_size, eps=eps)
-        self.linear = nn.Linear(hidden_size, num_outputs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.norm(x))
 
 
 class MultiTaskViTPreTrainedModel(PreTrainedModel):
@@ -146,8 +129,8 @@ class MultiTaskViTPreTrainedModel(PreTrainedModel):
             if module.position_embeddings is not None:
                 init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
             init.normal_(module.task_tokens)
-        elif isinstance(module, PanelEmbedding):
-            init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
+        elif isinstance(module, PanelEmbedding):  # after its layers: the panel CNN's own initialisation wins
+            init_panel_embedding(module)
 
 
 class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
@@ -249,45 +232,18 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         )
 
 
-class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
+class MultiTaskViTForImageClassification(TaskHeadsMixin, MultiTaskViTPreTrainedModel):
     """Multi-task image classifier: each sample's task id picks its CLS token output and its head."""
 
     def __init__(self, config: MultiTaskViTConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
         self.vit = MultiTaskViTModel(config)
-        self.classifier = nn.ModuleList(self._new_head() for _ in range(config.num_tasks))
+        self.classifier = nn.ModuleList(
+            TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps)
+            for _ in range(config.num_tasks)
+        )
         self.post_init()
-
-    def _new_head(self) -> MultiTaskViTHead:
-        return MultiTaskViTHead(self.config.hidden_size, self.config.num_labels, self.config.layer_norm_eps)
-
-    def _fresh_heads(self, count: int) -> list[MultiTaskViTHead]:
-        """`count` heads initialised as the model's own, on its device and in its dtype."""
-        ref = self.vit.embeddings.task_tokens
-        heads = [self._new_head() for _ in range(count)]
-        for head in heads:
-            head.apply(self._init_weights)
-        return [head.to(device=ref.device, dtype=ref.dtype) for head in heads]
-
-    def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
-        """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
-        # Validate before any change: a refused call leaves the model as it was.
-        names = validate_task_names(task_names)
-        if num_labels is not None and (
-            not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1
-        ):
-            raise ValueError(f"`num_labels` must be a positive integer, got {num_labels!r}.")
-        if num_labels is not None:
-            self.config.num_labels = self.num_labels = num_labels
-        self.vit.reset_task_tokens(names)
-        self.classifier = nn.ModuleList(self._fresh_heads(len(names)))
-
-    def add_tasks(self, task_names: Sequence[str]) -> list[int]:
-        """Append a fresh CLS token and head per new task (same number of labels); returns their indices."""
-        indices = self.vit.add_task_tokens(task_names)
-        self.classifier.extend(self._fresh_heads(len(indices)))
-        return indices
 
     @can_return_tuple
     def forward(
@@ -302,29 +258,18 @@ class MultiTaskViTForImageClassification(MultiTaskViTPreTrainedModel):
         Args:
             task_ids: (B,) index of each sample's task in `config.task_names` (default `config.default_task`).
             labels: (B,) class indices (cross-entropy); (B, num_labels) floats for multi-label classification or
-                regression, with transformers' own rules for `problem_type` (`self.loss_function`).
+                regression, with transformers' own rules for `problem_type` (`TaskHeadsMixin.classification_loss`).
             Other arguments as in `MultiTaskViTModel.forward`.
         """
         outputs = self.vit(
             pixel_values=pixel_values, output_hidden_states=output_hidden_states, check_finite=False
         )
-        pooled = outputs.pooler_output  # (B, T, d)
-        rows = torch.arange(pooled.shape[0], device=pooled.device)
-        task_ids = resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
-        own_token = pooled[rows, task_ids]  # (B, d)
-        if len(self.classifier) == 1:
-            logits = self.classifier[0](own_token)
-        else:
-            logits = torch.stack([head(own_token) for head in self.classifier], dim=1)[rows, task_ids]
+        logits = self.task_logits(outputs.pooler_output, task_ids)
         labels = None if labels is None else torch.as_tensor(labels, device=logits.device)
         if self.checks_finite:
             inputs = {"pixel_values": pixel_values, "labels": labels}
             check_forward(self, inputs, {"logits": logits, "last_hidden_state": outputs.last_hidden_state})
-        if labels is not None and labels.shape[0] != logits.shape[0]:
-            raise ValueError(
-                f"`labels` must have one entry per sample ({logits.shape[0]}), got {labels.shape[0]}."
-            )
-        loss = None if labels is None else self.loss_function(labels, logits.float(), self.config)
+        loss = None if labels is None else self.classification_loss(logits, labels)
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 
@@ -341,7 +286,7 @@ class MultiTaskViTForMultipleChoice(MultiTaskViTPreTrainedModel):
         super().__init__(config)
         self.panel_embedding = PanelEmbedding(config)
         self.vit = MultiTaskViTModel(config, add_patch_embedding=False)
-        self.scorer = MultiTaskViTHead(config.hidden_size, 1, config.layer_norm_eps)
+        self.scorer = TaskHead(config.hidden_size, 1, config.layer_norm_eps)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -364,7 +309,7 @@ class MultiTaskViTForMultipleChoice(MultiTaskViTPreTrainedModel):
         labels = None if labels is None else torch.as_tensor(labels)
         if self.checks_finite:
             check_forward(self, {"pixel_values": pixel_values, "labels": labels}, {"logits": logits})
-        loss = None if labels is None else cross_entropy_loss(logits, labels, "candidate")
+        loss = None if labels is None else multiple_choice_loss(logits, labels)
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 

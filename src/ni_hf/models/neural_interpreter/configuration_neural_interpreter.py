@@ -11,11 +11,11 @@ from huggingface_hub.dataclasses import as_validated_field, strict, validated_fi
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
-from .input_checks import (
+from .configuration_checks import (
+    PANEL_FIELDS,
     InvalidSetting,
     MultiTaskConfigMixin,
-    check_task_index,
-    check_task_names,
+    PanelConfigMixin,
     is_positive_int,
     named_errors,
     positive_int,
@@ -50,12 +50,7 @@ ARCHITECTURE_FIELDS = (
     "share_task_tokens",
     "use_relative_positional_bias",
     "num_input_variables",
-    "num_context_panels",
-    "num_choices",
-    "panel_size",
-    "panel_channels",
-    "panel_cnn_channels",
-    "panel_cnn_layers",
+    *PANEL_FIELDS,
 )
 
 # Appendix tables of the paper (digits, fuzzy Boolean, and the PGM constants with the neutral regime's selection).
@@ -204,7 +199,7 @@ def real_field(
 
 @named_errors
 @strict
-class NeuralInterpreterConfig(MultiTaskConfigMixin, PreTrainedConfig):
+class NeuralInterpreterConfig(MultiTaskConfigMixin, PanelConfigMixin, PreTrainedConfig):
     r"""Configuration of a Neural Interpreter: scripts of functions routed by type-signature matching.
 
     `dataclasses.fields(NeuralInterpreterConfig)` lists every setting (with `PreTrainedConfig`'s); a bad value is
@@ -247,14 +242,8 @@ class NeuralInterpreterConfig(MultiTaskConfigMixin, PreTrainedConfig):
             residual carries them on), and type inference sees the set without them: the reference's default
             for set inputs (`layerwise_positional_encoding=True`, `pre_positional_encoding=False`). Set
             inputs only: the image classifier refuses "every_loc" (its patches carry relative positions).
-        num_context_panels: context panels of a PGM puzzle (the 3x3 matrix without its last panel), each with a
-            learned embedding of its matrix position; every candidate gets the embedding of the missing one.
-        num_choices: candidate panels of a PGM puzzle; the multiple-choice model scores each (`num_labels` = 1).
-        panel_size: side of the square panels the panel CNN reads (80 in WReN).
-        panel_channels: channels of each panel (1: PGM panels are grey-scale).
-        panel_cnn_channels: channels of each convolution of the panel CNN.
-        panel_cnn_layers: 3x3 convolutions of stride 2 (each with BatchNorm and ReLU) in the panel CNN, followed
-            by a Linear map of its `panel_feature_dim` features to hidden_size.
+        num_context_panels / num_choices / panel_size / panel_channels / panel_cnn_channels / panel_cnn_layers:
+            PGM puzzles and their panel CNN for `NeuralInterpreterForMultipleChoice` (see `PanelConfigMixin`).
         hidden_dropout_prob / attention_probs_dropout_prob: dropout on LOC outputs / attention weights.
         initializer_range: std of the truncated-normal init of Linear weights; None keeps PyTorch's
             default Linear init (as the reference implementation does).
@@ -288,18 +277,10 @@ class NeuralInterpreterConfig(MultiTaskConfigMixin, PreTrainedConfig):
     patch_size: int = positive_int(default=4)
     num_channels: int = positive_int(default=3)
     use_relative_positional_bias: bool = boolean(default=True)
-    task_names: list[str] | tuple[str, ...] | None = validated_field(check_task_names, default=None)
     share_task_tokens: bool = boolean(default=False)
-    default_task: int = validated_field(check_task_index, default=0)
     num_input_variables: int = positive_int(default=5)
     input_position_embedding_std: float = real_field(1.0, at_least=0)
     input_position_embedding_placement: str = position_placement(default="input")
-    num_context_panels: int = positive_int(default=8)
-    num_choices: int = positive_int(default=8)
-    panel_size: int = positive_int(default=80)
-    panel_channels: int = positive_int(default=1)
-    panel_cnn_channels: int = positive_int(default=32)
-    panel_cnn_layers: int = positive_int(default=4)
     hidden_dropout_prob: float = real_field(0.0, within=(0, 1))
     attention_probs_dropout_prob: float = real_field(0.0, within=(0, 1))
     initializer_range: float | None = real_field(None, greater_than=0, optional=True)

@@ -37,15 +37,9 @@ from transformers.utils.generic import GeneralInterface, can_return_tuple
 
 from .configuration_neural_interpreter import NeuralInterpreterConfig, validate_task_names
 from .image_processing_neural_interpreter import patchify
-from .input_checks import (
-    check_forward,
-    check_not_empty,
-    check_tensor,
-    cross_entropy_loss,
-    index_list,
-    resolve_task_ids,
-)
-from .panel_embedding import PanelEmbedding
+from .modeling_checks import check_forward, check_not_empty, check_tensor, index_list
+from .panel_embedding import PanelEmbedding, init_panel_embedding
+from .task_heads import TaskHead, TaskHeadsMixin, multiple_choice_loss
 
 logger = logging.get_logger(__name__)
 
@@ -625,8 +619,8 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.running_mean)
                 init.ones_(module.running_var)
                 init.zeros_(module.num_batches_tracked)
-        elif isinstance(module, PanelEmbedding):
-            init.normal_(module.position_embeddings, std=self.config.input_position_embedding_std)
+        elif isinstance(module, PanelEmbedding):  # after its layers: the panel CNN's own initialisation wins
+            init_panel_embedding(module)
         elif isinstance(module, NeuralInterpreterScript):
             init.normal_(module.signatures)
             init.normal_(module.codes)
@@ -894,75 +888,11 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Losses and heads
+# Heads (TaskHead, its losses and the task adaptation live in task_heads.py, shared with the other models)
 # ----------------------------------------------------------------------------------------------------------
 
 
-def classification_loss(
-    logits: torch.Tensor, labels: torch.Tensor, config: NeuralInterpreterConfig
-) -> torch.Tensor:
-    """Loss of transformers' image classifiers for `config.problem_type`, inferred as they do when unset.
-
-    One label (num_labels=1): regression (MSE). Integer labels (B,): single-label cross-entropy, -100 ignored (a
-    batch whose labels are all -100 has loss 0). Float labels (B, num_labels): multi-label (BCE with logits). The
-    inferred problem type is written into the config only once the labels were accepted.
-    """
-    batch_size, num_labels = logits.shape
-    labels = labels.to(logits.device)
-    if labels.dim() == 0 or labels.shape[0] != batch_size:
-        raise ValueError(
-            f"`labels` must have one entry per sample ({batch_size}), got shape {tuple(labels.shape)}."
-        )
-    problem_type = config.problem_type
-    if problem_type is None:
-        if num_labels == 1:
-            problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            problem_type = "single_label_classification"
-        else:
-            problem_type = "multi_label_classification"
-    logits = logits.float()
-    if problem_type == "regression":
-        if labels.numel() != batch_size * num_labels or labels.dtype == torch.bool:
-            raise ValueError(
-                f"Regression `labels` must be numbers of shape (batch, {num_labels}), got {labels.dtype} labels of "
-                f"shape {tuple(labels.shape)}."
-            )
-        loss = F.mse_loss(logits, labels.float().reshape(logits.shape))
-    elif problem_type == "single_label_classification":
-        if labels.is_floating_point() or labels.dtype == torch.bool or labels.numel() != batch_size:
-            raise ValueError(
-                f"Single-label classification needs integer class indices of shape (batch,), got "
-                f"{labels.dtype} labels of shape {tuple(labels.shape)}."
-            )
-        loss = cross_entropy_loss(logits, labels, "class")
-    else:
-        if labels.shape != logits.shape or not labels.is_floating_point():
-            raise ValueError(
-                f"Multi-label `labels` must be floats of shape (batch, num_labels) = {tuple(logits.shape)}, got "
-                f"{labels.dtype} labels of shape {tuple(labels.shape)} (integer class indices of shape (batch,) "
-                "need int64 or int32 labels, or problem_type 'single_label_classification')."
-            )
-        loss = F.binary_cross_entropy_with_logits(logits, labels.float())
-    # Written as transformers does, but not while compiling: the compiled graph guards on `problem_type is None`.
-    if config.problem_type is None and not torch.compiler.is_compiling():
-        config.problem_type = problem_type
-    return loss
-
-
-class TaskHead(nn.Module):
-    """LayerNorm + Linear on one task token's output."""
-
-    def __init__(self, hidden_size: int, num_outputs: int, eps: float) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden_size, eps=eps)
-        self.linear = nn.Linear(hidden_size, num_outputs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.norm(x))
-
-
-class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
+class NeuralInterpreterForImageClassification(TaskHeadsMixin, NeuralInterpreterPreTrainedModel):
     """Multi-task image classifier: each sample's task id picks its CLS token output and its head."""
 
     def __init__(self, config: NeuralInterpreterConfig) -> None:
@@ -979,44 +909,11 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         self.classifier = nn.ModuleList(self._fresh_heads(self._num_task_heads(config.num_tasks)))
         self.post_init()
 
-    def _num_task_heads(self, num_tasks: int) -> int:
-        return 1 if self.config.share_task_tokens else num_tasks
-
     def get_input_embeddings(self) -> nn.Module:
         return self.neural_interpreter.patch_embedding
 
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.neural_interpreter.patch_embedding = value
-
-    def _fresh_heads(self, count: int) -> list[TaskHead]:
-        """`count` task heads initialised as the model's own, on its device and in its dtype."""
-        ref = self.neural_interpreter.task_tokens
-        config = self.config
-        heads = [TaskHead(config.hidden_size, config.num_labels, config.layer_norm_eps) for _ in range(count)]
-        for head in heads:
-            head.apply(self._init_weights)
-        return [head.to(device=ref.device, dtype=ref.dtype) for head in heads]
-
-    def reset_tasks(self, task_names: Sequence[str], num_labels: int | None = None) -> None:
-        """New tasks: fresh CLS tokens and freshly initialised heads (e.g. few-shot adaptation to K-MNIST)."""
-        names = validate_task_names(
-            task_names
-        )  # before any change: a refused call leaves the model as it was
-        if num_labels is not None and (
-            not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1
-        ):
-            raise ValueError(f"`num_labels` must be a positive integer, got {num_labels!r}.")
-        if num_labels is not None:
-            self.config.num_labels = self.num_labels = num_labels
-        self.neural_interpreter.reset_task_tokens(names)
-        self.classifier = nn.ModuleList(self._fresh_heads(self._num_task_heads(len(names))))
-
-    def add_tasks(self, task_names: Sequence[str]) -> list[int]:
-        """Append tasks (a fresh CLS token and head each); the existing ones stay as they are. Returns their ids."""
-        new_ids = self.neural_interpreter.add_task_tokens(task_names)
-        if not self.config.share_task_tokens:
-            self.classifier.extend(self._fresh_heads(len(new_ids)))
-        return new_ids
 
     @can_return_tuple
     def forward(
@@ -1035,15 +932,10 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
         Args:
             task_ids: (B,) index of each sample's task in `config.task_names` (default `config.default_task`).
             labels: (B,) class indices (cross-entropy); (B, num_labels) floats for multi-label classification or
-                regression, as in transformers' classifiers (`classification_loss`).
+                regression, as in transformers' classifiers (`TaskHeadsMixin.classification_loss`).
             Other arguments as in `NeuralInterpreterModel.forward`.
         """
-        if len(self.classifier) != self._num_task_heads(self.config.num_tasks):
-            raise ValueError(
-                f"The classifier has {len(self.classifier)} heads for {self.config.num_tasks} tasks: change tasks "
-                "with the classifier's `reset_tasks` / `add_tasks`, which give each task its head, not with "
-                "the backbone's `reset_task_tokens` / `add_task_tokens`."
-            )
+        self.check_task_heads()
         outputs = self.neural_interpreter(
             pixel_values=pixel_values,
             output_hidden_states=output_hidden_states,
@@ -1053,21 +945,13 @@ class NeuralInterpreterForImageClassification(NeuralInterpreterPreTrainedModel):
             disabled_functions=disabled_functions,
             check_finite=False,
         )
-        pooled = outputs.pooler_output  # (B, T, d)
-        samples = torch.arange(pooled.shape[0], device=pooled.device)
-        task_ids = resolve_task_ids(task_ids, self.config, pooled.shape[0], pooled.device)
-        own_token = pooled[samples, task_ids]  # (B, d)
-        if len(self.classifier) == 1:
-            logits = self.classifier[0](own_token)
-        else:
-            all_logits = torch.stack([head(own_token) for head in self.classifier], dim=1)  # (B, T, L)
-            logits = all_logits[samples, task_ids]
+        logits = self.task_logits(outputs.pooler_output, task_ids)
         labels = None if labels is None else torch.as_tensor(labels)
         if self.checks_finite:
             inputs = {"pixel_values": pixel_values, "labels": labels}
             check_forward(self, inputs, {"logits": logits}, outputs.routing_peak)
         return NeuralInterpreterImageClassifierOutput(
-            loss=None if labels is None else classification_loss(logits, labels, self.config),
+            loss=None if labels is None else self.classification_loss(logits, labels),
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -1225,7 +1109,7 @@ class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
             inputs = {"pixel_values": pixel_values, "labels": labels}
             check_forward(self, inputs, {"logits": logits}, outputs.routing_peak)
         return NeuralInterpreterMultipleChoiceOutput(
-            loss=None if labels is None else cross_entropy_loss(logits, labels, "candidate"),
+            loss=None if labels is None else multiple_choice_loss(logits, labels),
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,

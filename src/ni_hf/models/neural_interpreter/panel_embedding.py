@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import initialization as init
 
 
 class PanelEmbedding(nn.Module):
@@ -59,3 +60,26 @@ class PanelEmbedding(nn.Module):
         batch, num_choices, d = candidates.shape
         shared = context.unsqueeze(1).expand(batch, num_choices, *context.shape[1:])
         return torch.cat([shared, candidates.unsqueeze(2)], dim=2).flatten(0, 1)
+
+
+@torch.no_grad()
+def init_panel_embedding(module: PanelEmbedding) -> None:
+    """The panel CNN's one initialisation, whichever model holds it: PyTorch's default for the convolutions and the
+    projection (Kaiming-uniform weights, biases uniform in +-1/sqrt(fan_in)), BatchNorm as the identity, the
+    positions ~ N(0, 1).
+
+    PyTorch's default, as the authors' PyTorch code leaves every layer of its models; with a BatchNorm after every
+    convolution, a ViT-style N(0, 0.02) would only rescale what the next BatchNorm normalises anyway.
+    """
+    for layer in (*module.cnn, module.projection):
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            init.kaiming_uniform_(layer.weight, a=math.sqrt(5))
+            bound = 1 / math.sqrt(layer.weight[0].numel())
+            init.uniform_(layer.bias, -bound, bound)
+        elif isinstance(layer, nn.BatchNorm2d):
+            init.ones_(layer.weight)
+            init.zeros_(layer.bias)
+            init.zeros_(layer.running_mean)
+            init.ones_(layer.running_var)
+            init.zeros_(layer.num_batches_tracked)
+    init.normal_(module.position_embeddings)

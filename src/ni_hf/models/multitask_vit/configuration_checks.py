@@ -1,7 +1,10 @@
-"""Checks of the models' configs, inputs and outputs: errors that name what was expected.
+# Copied from ni_hf.models.neural_interpreter.configuration_checks: edit the original, not this copy
+"""Checks of the configs: errors that name the setting and what was expected, and the settings the configs share.
 
-Both configs (the Neural Interpreter's and the multi-task ViT's) use the config checks below; each checkpoint copies
-this file next to its config, so its code runs without `ni_hf`.
+The Neural Interpreter's, the multi-task ViT's and the context-blind baseline's configs use the checks below and
+declare the settings they share once, in `MultiTaskConfigMixin` and `PanelConfigMixin`. Every model folder holds a
+copy of this file (marked "Copied from", checked by tests/test_model_copies.py), which its checkpoints copy next to
+the config, so their code runs without `ni_hf`.
 """
 
 from __future__ import annotations
@@ -11,21 +14,13 @@ import contextvars
 import dataclasses
 import difflib
 import functools
-import numbers
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from huggingface_hub.dataclasses import as_validated_field
+from huggingface_hub.dataclasses import as_validated_field, validated_field
 from huggingface_hub.errors import StrictDataclassError, StrictDataclassFieldValidationError
-from torch import nn
 from transformers import PreTrainedConfig
 from transformers.utils import logging
-
-logger = logging.get_logger(__name__)
-
-# --- configs -----------------------------------------------------------------------------------------------
 
 # Keys a config.json written by transformers (4.x or 5.x) may hold besides the dataclass fields of
 # `PreTrainedConfig`: what its `__post_init__` pops or sets, what `to_dict` adds, and the common attributes that
@@ -252,31 +247,14 @@ def preset_settings(
     return settings
 
 
-class MultiTaskConfigMixin:
-    """What both configs share: tasks with a CLS token and a head each, labels, image patches, checked loading.
-
-    The class lists `task_names` and `default_task` as fields (with `check_task_names` and `check_task_index`);
-    setting `task_names` to None means one task, "default", and a tuple becomes a list.
-    """
+class CheckedConfigMixin:
+    """Refuses unknown settings by name (warns when they come from a file) and another model type's config dict."""
 
     model_type: str
-    task_names: list[str]
-    default_task: int
-    hidden_size: int
-    num_attention_heads: int
-    image_size: int
-    patch_size: int
-    num_channels: int
 
     def __post_init__(self, **kwargs: Any) -> None:
         check_setting_names(type(self), kwargs)
         super().__post_init__(**kwargs)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # One form of the tasks whichever way a config gets them: constructor, from_pretrained override, assignment.
-        if name == "task_names":
-            value = ["default"] if value is None else validate_task_names(value)
-        super().__setattr__(name, value)
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
@@ -287,6 +265,33 @@ class MultiTaskConfigMixin:
         # from_dict sets the overrides one by one after construction: only each one's own field was checked.
         (result[0] if isinstance(result, tuple) else result).validate()
         return result
+
+
+@dataclasses.dataclass(init=False, repr=False, eq=False, kw_only=True)
+class MultiTaskConfigMixin(CheckedConfigMixin):
+    """What the image models' configs share: tasks with a CLS token and a head each, labels, image patches.
+
+    Setting `task_names` to None means one task, "default", and a tuple becomes a list. `attn_implementation`
+    assigned on the config is the model's `_attn_implementation`, which its forward reads (and checks).
+
+    Args:
+        task_names: the tasks (datasets), each with its own CLS token and head, in this order; None: one task,
+            "default".
+        default_task: index of the task used when `task_ids` is not given (e.g. by `pipeline`).
+    """
+
+    task_names: list[str] | tuple[str, ...] | None = validated_field(check_task_names, default=None)
+    default_task: int = validated_field(check_task_index, default=0)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # One form of the tasks whichever way a config gets them: constructor, from_pretrained override, assignment.
+        if name == "task_names":
+            value = ["default"] if value is None else validate_task_names(value)
+        elif (
+            name == "attn_implementation"
+        ):  # else a stray attribute that no forward reads, saved in config.json
+            name = "_attn_implementation"
+        super().__setattr__(name, value)
 
     @property
     def num_labels(self) -> int | None:
@@ -313,21 +318,6 @@ class MultiTaskConfigMixin:
     @property
     def patch_dim(self) -> int:
         return self.patch_size * self.patch_size * self.num_channels
-
-    @property
-    def num_panels(self) -> int:
-        """Panels of one PGM puzzle: the context panels, then the candidates."""
-        return self.num_context_panels + self.num_choices
-
-    @property
-    def panel_feature_size(self) -> int:
-        """Side of the panel CNN's last feature map: each 3x3 convolution of stride 2, padding 1 halves it, rounding up."""
-        return -(-self.panel_size // 2**self.panel_cnn_layers)
-
-    @property
-    def panel_feature_dim(self) -> int:
-        """Features the panel CNN gives the Linear map to hidden_size."""
-        return self.panel_cnn_channels * self.panel_feature_size**2
 
     def validate_tasks(self) -> None:
         """The task names (a list edited in place too), `default_task` one of their indices, at least one label."""
@@ -358,141 +348,48 @@ class MultiTaskConfigMixin:
             )
         if self.image_size % self.patch_size:
             raise ValueError(
-                f"`patch_size` ({self.patch_size}) must divide `image_size` ({self.image_size})."
+                f"`patch_size` ({self.patch_size}) must divide `image_size` ({self.image_size}): images are cut "
+                f"into patch_size x patch_size patches; choose an image_size that is a multiple of patch_size."
             )
 
 
-# --- inputs and outputs ------------------------------------------------------------------------------------
+@dataclasses.dataclass(init=False, repr=False, eq=False, kw_only=True)
+class PanelConfigMixin:
+    """PGM puzzles and WReN's panel CNN (`PanelEmbedding`), the same settings in every config that reads panels.
 
-
-def check_not_empty(batch_size: int) -> None:
-    if batch_size == 0:
-        raise ValueError("Got an empty batch (0 samples); pass at least one image or set.")
-
-
-def check_tensor(name: str, values: Any, expected: str) -> None:
-    """Refuse anything but a floating-point tensor: a cast would run raw uint8 pixels as garbage."""
-    if not isinstance(values, torch.Tensor):
-        raise ValueError(
-            f"`{name}` must be a torch.Tensor ({expected}), got {type(values).__name__}; convert it with "
-            "torch.as_tensor, or pass images through the image processor with return_tensors='pt'."
-        )
-    if not values.is_floating_point():
-        raise ValueError(f"`{name}` must be a floating-point tensor ({expected}), got dtype {values.dtype}.")
-
-
-def check_forward(
-    module: nn.Module,
-    inputs: dict[str, torch.Tensor | None],
-    outputs: dict[str, torch.Tensor],
-    routing_peak: torch.Tensor | None = None,
-) -> None:
-    """Raise, naming the tensor, on NaN or inf in an input or output; warn once when no function accepts any token.
-
-    One host sync for all of it; skipped while compiling or tracing.
+    Args:
+        num_context_panels: context panels of a PGM puzzle (the 3x3 matrix without its last panel), each with a
+            learned embedding of its matrix position; every candidate gets the embedding of the missing one.
+        num_choices: candidate panels of a PGM puzzle; the multiple-choice models score each (`num_labels` = 1).
+        panel_size: side of the square panels the panel CNN reads (80 in WReN).
+        panel_channels: channels of each panel (1: PGM panels are grey-scale).
+        panel_cnn_channels: channels of each convolution of the panel CNN.
+        panel_cnn_layers: 3x3 convolutions of stride 2 (each with BatchNorm and ReLU) in the panel CNN, followed
+            by a Linear map of its `panel_feature_dim` features to hidden_size.
     """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return
-    checked = {
-        name: t
-        for name, t in {**inputs, **outputs}.items()
-        if isinstance(t, torch.Tensor) and t.is_floating_point()
-    }
-    device = next(iter(outputs.values())).device
-    if device.type == "meta":  # shapes only (e.g. under accelerate's init_empty_weights): no values to check
-        return
-    flags = [torch.isfinite(t).all().to(device) for t in checked.values()]
-    if routing_peak is not None:
-        flags.append(routing_peak.to(device) > 0)
-    if bool(torch.stack(flags).all()):
-        return
-    if routing_peak is not None and not bool(routing_peak > 0):
-        logger.warning_once(
-            "No function accepted any token in this forward pass (every compatibility C is 0): the model's output "
-            "ignores its input. truncation_tau or sigma is too small for these types; raise them, or check that "
-            "no function is disabled by mistake."
-        )
-    for name in inputs:
-        if name in checked and not bool(torch.isfinite(checked[name]).all()):
-            raise ValueError(f"`{name}` contains NaN or infinite values: expected finite numbers.")
-    broken_outputs = [n for n in outputs if not bool(torch.isfinite(checked[n]).all())]
-    if not broken_outputs:
-        return
-    broken = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
-    if broken:
-        cause = (
-            f"the parameters {broken[:3]}{' ...' if len(broken) > 3 else ''} are already NaN or inf (a diverged "
-            "training run: lower the learning rate, or reload a checkpoint)"
-        )
-    else:
-        magnitudes = [float(t.abs().max()) for n, t in checked.items() if n in inputs and t.numel()]
-        largest = f" (largest magnitude {max(magnitudes):.3g})" if magnitudes else ""
-        cause = (
-            f"the inputs{largest} overflow {next(module.parameters()).dtype} inside the network: normalize them "
-            "(NeuralInterpreterImageProcessor does) or use a wider dtype"
-        )
-    raise FloatingPointError(
-        f"The forward pass produced NaN or infinite values in `{broken_outputs[0]}`: {cause}."
-    )
+
+    num_context_panels: int = positive_int(default=8)
+    num_choices: int = positive_int(default=8)
+    panel_size: int = positive_int(default=80)
+    panel_channels: int = positive_int(default=1)
+    panel_cnn_channels: int = positive_int(default=32)
+    panel_cnn_layers: int = positive_int(default=4)
+
+    @property
+    def num_panels(self) -> int:
+        """Panels of one PGM puzzle: the context panels, then the candidates."""
+        return self.num_context_panels + self.num_choices
+
+    @property
+    def panel_feature_size(self) -> int:
+        """Side of the panel CNN's last feature map: each 3x3 convolution of stride 2, padding 1 halves it, rounding up."""
+        return -(-self.panel_size // 2**self.panel_cnn_layers)
+
+    @property
+    def panel_feature_dim(self) -> int:
+        """Features the panel CNN gives the Linear map to hidden_size."""
+        return self.panel_cnn_channels * self.panel_feature_size**2
 
 
-def index_list(values: Any, name: str) -> list[int]:
-    """Integers from a list, tuple, array or tensor of them; a ValueError naming `name` for anything else."""
-    if isinstance(values, torch.Tensor) or hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, int) and not isinstance(values, bool):
-        return [values]
-    if not isinstance(values, (list, tuple)) or any(
-        not isinstance(v, numbers.Integral) or isinstance(v, bool) for v in values
-    ):
-        raise ValueError(
-            f"`{name}` must be integers (a list, tuple, array or tensor of them), got {values!r}."
-        )
-    return [int(v) for v in values]
-
-
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, what: str) -> torch.Tensor:
-    """Mean cross-entropy over the labelled samples (-100: not counted; 0, not 0/0, when none is labelled)."""
-    batch_size, num_classes = logits.shape
-    labels = labels.to(logits.device)
-    if labels.is_floating_point() or labels.dtype == torch.bool or labels.numel() != batch_size:
-        raise ValueError(
-            f"`labels` must be integer {what} indices of shape (batch,) = ({batch_size},), got {labels.dtype} labels "
-            f"of shape {tuple(labels.shape)}."
-        )
-    labels = labels.long().reshape(-1)
-    if (
-        not labels.is_meta
-        and not torch.compiler.is_compiling()
-        and bool(((labels != -100) & ((labels < 0) | (labels >= num_classes))).any())
-    ):
-        raise ValueError(
-            f"`labels` must be {what} indices in 0..{num_classes - 1} (or -100), got {labels.tolist()}."
-        )
-    losses = F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100)
-    return losses / (labels != -100).sum().clamp_min(1)
-
-
-def resolve_task_ids(task_ids: Any, config: Any, batch_size: int, device: torch.device) -> torch.Tensor:
-    """(B,) long task ids; `config.default_task` when not given (e.g. under `pipeline`)."""
-    if task_ids is None:
-        return torch.full((batch_size,), config.default_task, dtype=torch.long, device=device)
-    task_ids = torch.as_tensor(task_ids, device=device)
-    if task_ids.is_floating_point() or task_ids.is_complex() or task_ids.dtype == torch.bool:
-        raise ValueError(f"`task_ids` must be integer task indices, got {task_ids.dtype} values.")
-    if task_ids.dim() > 1 or (task_ids.dim() == 1 and task_ids.shape[0] not in (1, batch_size)):
-        raise ValueError(
-            f"`task_ids` must be one task index, or a 1-D tensor with one per sample ({batch_size}), got shape "
-            f"{tuple(task_ids.shape)}."
-        )
-    task_ids = task_ids.long().reshape(-1).expand(batch_size)
-    # One host sync in eager execution; none when compiling (a data-dependent branch would break the graph).
-    if (
-        not task_ids.is_meta
-        and not torch.compiler.is_compiling()
-        and bool(((task_ids < 0) | (task_ids >= config.num_tasks)).any())
-    ):
-        raise ValueError(
-            f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.task_names}), got {task_ids.tolist()}."
-        )
-    return task_ids
+PANEL_FIELDS = tuple(field.name for field in dataclasses.fields(PanelConfigMixin))
+"""The panel settings, which fix the shapes of the panel CNN's parameters."""

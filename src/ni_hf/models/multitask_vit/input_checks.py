@@ -1,1 +1,0 @@
-../neural_interpreter/input_checks.py
