@@ -304,6 +304,21 @@ def test_a_bad_png_in_hub_parquet_names_the_file_and_the_row(tmp_path: Path, dam
         load_pgm("hub", data_dir=tmp_path, streaming=False, cache_dir=str(tmp_path / "cache"))[1]
 
 
+def test_a_bad_row_in_the_second_parquet_file_is_named_by_that_file(tmp_path: Path) -> None:
+    write_hub_parquet(tmp_path, {"train": [(1, 2), (3, 4)]})
+    second = tmp_path / "data" / "train-00001-of-00002.parquet"
+    rows = hub_rows((3, 4))
+    rows["target"][1] = 8
+    datasets.Dataset.from_dict(rows, features=HUB_FEATURES).to_parquet(str(second))
+    message = rf"{second} row 1 \(id=4\): 'target' is 8"
+    with pytest.raises(PGMFileError, match=message):
+        list(load_pgm("hub", data_dir=tmp_path))
+    rows_dataset = load_pgm("hub", data_dir=tmp_path, streaming=False, cache_dir=str(tmp_path / "cache"))
+    assert [content_key(rows_dataset[i]) for i in range(3)] == [content_key(puzzle(i)) for i in (1, 2, 3)]
+    with pytest.raises(PGMFileError, match=message):
+        rows_dataset[3]
+
+
 def test_a_hub_row_whose_meta_target_disagrees_is_refused(tmp_path: Path) -> None:
     rows = hub_rows((6,))
     rows["meta_target"][0] = 1 - rows["meta_target"][0]

@@ -290,7 +290,8 @@ def _load_hub(split, data_dir, max_samples, seed, streaming, kwargs) -> Any:
     rows = splits[split_name].num_examples if split_name in splits else None
     if max_samples is not None:
         hub, rows = hub.take(max_samples), None if rows is None else min(rows, max_samples)
-    return _stream(HubRepoStream(hub, label, rows or None, skip, skip_log), seed, options)
+    source = HubRepoStream(hub, label, rows or None, skip, skip_log, limited=max_samples is not None)
+    return _stream(source, seed, options)
 
 
 def load_pgm(
@@ -322,8 +323,8 @@ def load_pgm(
       image processor resizes.
     - ``streaming``: None picks the source's natural form (above).
 
-    Options (``**kwargs``): deepmind: ``skip_bad_files`` (False), ``skip_log`` (a file recording skips;
-    default a temporary one), ``num_shards`` (folder: min(64, files); archive: 1), ``shuffle_buffer_size``,
+    Options (``**kwargs``): deepmind: ``skip_bad_files`` (False), ``skip_log`` (a file the skips are
+    appended to, by every process given it; default a temporary one), ``num_shards`` (folder: min(64, files); archive: 1), ``shuffle_buffer_size``,
     ``index_dir`` (where an archive's count is kept; default ~/.cache/ni_hf/pgm_archives), ``num_rows``
     (streamed: the length, if known, instead of counting); hub: ``skip_bad_files``, ``skip_log``,
     ``cache_dir``, ``revision``, ``shuffle_buffer_size``, ``num_rows``; generated: ``num_shards`` (streaming

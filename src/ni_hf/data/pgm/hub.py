@@ -266,18 +266,21 @@ class HubRepoStream:
         label: str,
         num_rows: int | None,
         skip_bad_files: bool,
-        skip_log,
+        skip_log: SkipLog | None,
+        limited: bool = False,
     ) -> None:
         self.stream, self.label, self.skip_bad_files = stream.decode(False), label, skip_bad_files
         self.skip_log = skip_log if skip_log is not None else SkipLog()
         columns = stream.column_names or list(next(iter(self.stream)).keys())
         self.layout = hub_layout(columns, label)
-        self.num_rows = num_rows
+        self.num_rows, self.limited = num_rows, limited
 
     def describe(self) -> str:
         return self.label
 
     def shards(self) -> list[tuple[int, int]]:
+        if self.limited:  # the first max_samples rows: one shard, so that no share of them is cut again
+            return [(0, 1)]
         return [(index, self.stream.num_shards) for index in range(self.stream.num_shards)]
 
     def shard_rows(self, shard: tuple[int, int]) -> int | None:
