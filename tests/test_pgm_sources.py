@@ -210,6 +210,14 @@ def test_the_header_check_reads_no_pixels(files: dict[str, Path], monkeypatch: p
     assert (report.checked, report.read_fully, report.bad, report.num_rows) == (5, 0, [], 5)
 
 
+def test_a_check_of_the_sample_only_opens_only_the_sample(tmp_path: Path) -> None:
+    folder, bad = _folder_with_bad(tmp_path, "target 9")  # files 1, 2 (bad), 3, 4: a sample of 2 is 1 and 4
+    report = check_pgm_source(load_pgm("deepmind", data_dir=folder), sample_size=2, every_file=False)
+    assert (report.checked, report.read_fully, report.bad) == (2, 2, [])
+    with pytest.raises(PGMFileError, match="'target' is 9"):
+        check_pgm_source(load_pgm("deepmind", data_dir=folder), sample_size=2)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_skip_bad_files_leaves_out_what_the_check_finds_and_counts_it(
     tmp_path: Path, num_workers: int

@@ -104,7 +104,9 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------
 
 
-def check_pgm_source(dataset: Any, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
+def check_pgm_source(
+    dataset: Any, sample_size: int = 16, num_workers: int = 0, every_file: bool = True
+) -> PGMCheckReport:
     """Check a split from `load_pgm` before training, and return what was checked and found.
 
     DeepMind folder: every file's headers (keys, ``image``'s shape, dtype and stored size, the labels in full,
@@ -113,12 +115,13 @@ def check_pgm_source(dataset: Any, sample_size: int = 16, num_workers: int = 0) 
     ``sample_size`` rows decoded in full. Generated: ``sample_size`` puzzles. With ``skip_bad_files=True``
     (given to `load_pgm`) the bad files found are left out (the length shrinks to match) and recorded in the
     split's ``skipped_files``; without it the first bad file is refused, naming it, its problem and how many
-    more.
+    more. ``every_file=False`` checks only the sample of a folder (one open of each of its files is the cost of
+    a full check); an archive's members and the Parquet footers are checked whole at no extra cost.
     """
     check = getattr(dataset, "check", None)
     if not callable(check):
         raise TypeError(f"check_pgm_source takes a split from load_pgm, got {type(dataset).__name__}")
-    return check(sample_size=sample_size, num_workers=num_workers)
+    return check(sample_size=sample_size, num_workers=num_workers, every_file=every_file)
 
 
 def pgm_num_rows(dataset: Any) -> int | None:

@@ -225,11 +225,11 @@ class DeepMindPGMFolder(torch.utils.data.Dataset):
     def first(self, count: int) -> list[dict[str, Any]]:
         return [self[i] for i in range(min(count, len(self)))]
 
-    def check(self, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
-        """Check every file's headers and read `sample_size` files in full; leave the bad ones out
-        (``skip_bad_files``) or refuse them, naming them."""
+    def check(self, sample_size: int = 16, num_workers: int = 0, every_file: bool = True) -> PGMCheckReport:
+        """Check every file's headers (``every_file``) and read `sample_size` files in full; leave the bad ones
+        out (``skip_bad_files``) or refuse them, naming them."""
         paths = [str(self.file_path(i)) for i in range(len(self))]
-        bad = dict(_inspect_all(paths, num_workers, self.describe()))
+        bad = dict(_inspect_all(paths, num_workers, self.describe())) if every_file else {}
         good = [i for i in range(len(self)) if i not in bad]
         sample = [good[k] for k in _evenly_spaced(sample_size, len(good))]
         for index in sample:
@@ -240,7 +240,7 @@ class DeepMindPGMFolder(torch.utils.data.Dataset):
         report = PGMCheckReport(
             self.describe(),
             None,
-            len(paths),
+            len(paths) if every_file else len(sample),
             len(sample),
             [(paths[i], bad[i]) for i in sorted(bad)],
             self.skip_bad_files,
@@ -463,7 +463,7 @@ class DeepMindPGMArchive:
         rows = self.index().counts[self.kind] - len(self.excluded)
         return rows if self.max_samples is None else min(rows, self.max_samples)
 
-    def check(self, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
+    def check(self, sample_size: int = 16, num_workers: int = 0, every_file: bool = True) -> PGMCheckReport:
         """Every member's headers and `sample_size` members read in full, in the index's one pass."""
         index = self.index(sample_size)
         bad = [(f"{self.path}:{name}", problem) for name, problem in index.bad if self._mine(name)]

@@ -69,7 +69,7 @@ class GeneratedPGM(torch.utils.data.Dataset):
     def first(self, count: int) -> list[dict[str, Any]]:
         return [self[i] for i in range(min(count, len(self)))]
 
-    def check(self, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
+    def check(self, sample_size: int = 16, num_workers: int = 0, every_file: bool = True) -> PGMCheckReport:
         """Generate and check `sample_size` puzzles spread over the split (a generator bug fails here)."""
         sample = sorted({int(i) for i in np.linspace(0, len(self) - 1, min(sample_size, len(self))).round()})
         for index in sample:

@@ -228,7 +228,7 @@ class HubParquetFiles:
                 continue
             yield puzzle
 
-    def check(self, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
+    def check(self, sample_size: int = 16, num_workers: int = 0, every_file: bool = True) -> PGMCheckReport:
         """Every file's footer and columns (read when the split was loaded) and `sample_size` rows in full,
         spread over the files (first rows of each)."""
         per_file = max(1, -(-sample_size // max(1, len(self.rows))))
@@ -302,7 +302,7 @@ class HubRepoStream:
                 continue
             yield puzzle
 
-    def check(self, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
+    def check(self, sample_size: int = 16, num_workers: int = 0, every_file: bool = True) -> PGMCheckReport:
         """The columns, and the first `sample_size` rows read in full."""
         bad, read = [], 0
         for number, row in enumerate(self.stream.take(sample_size)):
@@ -377,7 +377,7 @@ class HubPGMRows(torch.utils.data.Dataset):
     def first(self, count: int) -> list[dict[str, Any]]:
         return [self[i] for i in range(min(count, len(self)))]
 
-    def check(self, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
+    def check(self, sample_size: int = 16, num_workers: int = 0, every_file: bool = True) -> PGMCheckReport:
         """The columns, and `sample_size` rows spread over the split read in full."""
         sample = sorted({int(i) for i in np.linspace(0, len(self) - 1, min(sample_size, len(self))).round()})
         bad = {}

@@ -35,7 +35,7 @@ class StreamSource(Protocol):
 
     def read_shard(self, shard: Any) -> Iterator[dict[str, Any]]: ...
 
-    def check(self, sample_size: int, num_workers: int) -> PGMCheckReport: ...
+    def check(self, sample_size: int, num_workers: int, every_file: bool) -> PGMCheckReport: ...
 
     def unknown_length(self) -> str: ...
 
@@ -159,9 +159,9 @@ class PGMStream(torch.utils.data.IterableDataset):
         puzzles = itertools.chain.from_iterable(self.source.read_shard(s) for s in self.source.shards())
         return list(itertools.islice(puzzles, count))
 
-    def check(self, sample_size: int = 16, num_workers: int = 0) -> PGMCheckReport:
+    def check(self, sample_size: int = 16, num_workers: int = 0, every_file: bool = True) -> PGMCheckReport:
         """Check the source before training (see `check_pgm_source`)."""
-        report = self.source.check(sample_size, num_workers)
+        report = self.source.check(sample_size, num_workers, every_file)
         report.num_rows = self.num_rows  # after the check: skipped files are left out
         return report
 
