@@ -73,3 +73,16 @@ def refused(match: str) -> Iterator[None]:
         error = error.__cause__
     assert isinstance(error, ValueError), repr(error)
     assert re.search(match, str(error)), f"{match!r} not in {error}"
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and a shared machine makes two threads very slow."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -135,6 +135,7 @@ def make_compute_metrics(
     task_names: Sequence[str] | None = None,
     model_task_ids: Sequence[int] | None = None,
     metric: Any = None,
+    num_labels: Sequence[int] | None = None,
 ) -> Callable[[Any], dict[str, float]]:
     """Build a ``Trainer`` ``compute_metrics`` that reports overall and per-task accuracy.
 
@@ -145,7 +146,8 @@ def make_compute_metrics(
     ``metric``: an ``evaluate`` module such as ``load_multitask_accuracy()`` to compute the accuracies with
     (default: ``compute_multitask_accuracy``). From logits it also reports ``loss``, the mean cross-entropy over
     samples (the Trainer's own eval loss weighs every batch by the first batch's size), and with ``task_names``
-    ``num_samples`` and ``num_samples_<task>``.
+    ``num_samples`` and ``num_samples_<task>``. ``num_labels``: each task's number of classes, when tasks have
+    fewer than the heads' outputs (a task's prediction is then the best of its own classes).
     """
     names = list(task_names) if task_names is not None else None
     to_data = None
@@ -168,6 +170,9 @@ def make_compute_metrics(
         labels, task_ids = (np.asarray(x).reshape(-1) for x in label_ids)
         if to_data is not None:
             task_ids = to_data[task_ids]
+        if num_labels is not None and predictions.ndim > 1:
+            own = np.arange(predictions.shape[-1])[None, :] < np.asarray(num_labels)[task_ids][:, None]
+            predictions = np.where(own, predictions, -np.inf)
         classes = predictions.argmax(axis=-1) if predictions.ndim > 1 else predictions
         if metric is None:
             results = compute_multitask_accuracy(classes, labels, task_ids, names)

@@ -65,7 +65,9 @@ def check_augmentation(augmentation: AugmentationArguments, given: frozenset[str
     if written and not augmentation.randaugment:
         raise ValueError(f"{', '.join(written)} with --randaugment false: no batch would be augmented.")
     if written and not do_train:
-        raise ValueError(f"{', '.join(written)} with --do_train false: augmentation acts on training batches only.")
+        raise ValueError(
+            f"{', '.join(written)} with --do_train false: augmentation acts on training batches only."
+        )
     if augmentation.randaugment and do_train:
         _rand_augment(augmentation)  # refuses a bad n, m, probability or operation name
 

@@ -90,8 +90,7 @@ class ExampleRun:
             f"Process {args.process_index} of world size {args.world_size}: device {args.device}, "
             f"distributed {args.parallel_mode.value}"
         )
-        if hasattr(publishing, "warn_if_fewer_processes"):
-            publishing.warn_if_fewer_processes(args.world_size)
+        publishing.warn_if_fewer_processes(args.world_size, script)
         if not run.can_draw:
             logger.warning(
                 "matplotlib is not installed: the model card will have no routing picture "
@@ -149,13 +148,17 @@ class ExampleRun:
 
     def train(self, trainer: Trainer, resume: str | None = None, **record: Any) -> dict[str, Any]:
         """Train (from ``resume``, default :meth:`resume_checkpoint`), save the model and its weights' checksum to
-        the Trainer's output folder, and return the training metrics of the whole run (``record`` added)."""
+        the Trainer's output folder, and return the training metrics (``record`` added); with
+        ``checkpoints.ExactResumeMixin`` in the Trainer's bases, a finished run is not resumed and ``train_loss`` is
+        the mean over the whole run's steps."""
         resume = self.resume_checkpoint(trainer.args.output_dir) if resume is None else resume
         if resume:
             logger.info(f"Resuming from {resume}")
         output = trainer.train(resume_from_checkpoint=resume or None)
         trainer.save_model()  # weights, config (auto_map), model code, processor
-        if trainer.is_world_process_zero() and hasattr(checkpoints, "write_weights_checksum"):
+        if (
+            trainer.args.should_save
+        ):  # (a Trainer with checkpoints.WeightsChecksumMixin has written it already)
             checkpoints.write_weights_checksum(trainer.args.output_dir)
         metrics = {
             **output.metrics,

@@ -61,7 +61,9 @@ class ExampleTrainingArguments(TrainingArguments):
         },
     )
     dataloader_pin_memory: bool = field(default=torch.cuda.is_available(), metadata={"help": PIN_MEMORY_HELP})
-    do_train: bool = field(default=True, metadata={"help": "Train (--do_train false: evaluate a saved model)."})
+    do_train: bool = field(
+        default=True, metadata={"help": "Train (--do_train false: evaluate a saved model)."}
+    )
     do_eval: bool = field(default=True, metadata={"help": "Evaluate after training."})
     radam: bool = field(
         default=True,
@@ -167,7 +169,9 @@ def check_steps_and_strategies(args: Any) -> None:
         what = "--max_steps 0" if args.max_steps == 0 else f"--num_train_epochs {args.num_train_epochs:g}"
         raise ValueError(f"{what}: no training step would run; pass a positive number (or --do_train false).")
     if args.max_steps < -1:
-        raise ValueError(f"--max_steps {args.max_steps}: must be positive, or -1 to train for --num_train_epochs.")
+        raise ValueError(
+            f"--max_steps {args.max_steps}: must be positive, or -1 to train for --num_train_epochs."
+        )
     eval_strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
     if args.load_best_model_at_end and eval_strategy == "no":
         raise ValueError(

@@ -20,10 +20,12 @@ from .fuzzy_boolean import (
 )
 from .image_classification import (
     DEFAULT_DIGITS_TEMPLATE,
+    DEFAULT_IMAGE_CLASSIFICATION_TEMPLATE,
     TaskCardInfo,
     build_digits_model_card,
     digits_eval_results,
     digits_task_info,
+    image_task_info,
     write_digits_model_card,
 )
 from .pgm import DEFAULT_PGM_TEMPLATE, PGM_TABLE_2, pgm_eval_results, write_pgm_model_card
@@ -31,6 +33,7 @@ from .pgm import DEFAULT_PGM_TEMPLATE, PGM_TABLE_2, pgm_eval_results, write_pgm_
 __all__ = [
     "DEFAULT_DIGITS_TEMPLATE",
     "DEFAULT_FUZZY_BOOLEAN_TEMPLATE",
+    "DEFAULT_IMAGE_CLASSIFICATION_TEMPLATE",
     "DEFAULT_PGM_TEMPLATE",
     "FUZZY_BOOLEAN_ROUTING_POINTS",
     "FUZZY_BOOLEAN_TABLE_1",
@@ -46,6 +49,7 @@ __all__ = [
     "fuzzy_boolean_eval_results",
     "fuzzy_boolean_results_markdown",
     "fuzzy_boolean_routing_section",
+    "image_task_info",
     "mixed_precision",
     "pgm_eval_results",
     "training_hyperparameters",
