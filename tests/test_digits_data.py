@@ -302,8 +302,8 @@ def test_hub_loading_path_with_fake_hub(monkeypatch: pytest.MonkeyPatch) -> None
     svhn = HUB_DATASETS["svhn"]
     assert calls == [
         ("ylecun/mnist", "mnist", "train", None),
-        ("ufldl-stanford/svhn", None, "train", {"train": svhn.data_files["train"]}),
         ("ylecun/mnist", "mnist", "test", None),
+        ("ufldl-stanford/svhn", None, "train", {"train": svhn.data_files["train"]}),
         ("ufldl-stanford/svhn", None, "test", {"test": svhn.data_files["test"]}),
     ]
 
@@ -394,7 +394,7 @@ def test_bad_images_in_image_folders_are_named_or_skipped(
         load_digits_tasks(["kmnist"], source="local", data_dir=root)
     assert str(garbage) in str(caught.value) and str(truncated) in str(caught.value)
     assert "skip_bad_images=True" in str(caught.value) and "--skip_bad_images" in str(caught.value)
-    with caplog.at_level("WARNING", logger="ni_hf.data.digits"):
+    with caplog.at_level("WARNING", logger="ni_hf.data.images"):
         dd, _ = load_digits_tasks(["kmnist"], source="local", data_dir=root, skip_bad_images=True)
     assert dd["train"].num_rows == 6 and sorted(dd["train"]["label"][:]) == [1, 1, 1, 2, 2, 2]
     assert "Skipped 2 of the 8 images" in caplog.text and str(truncated) in caplog.text
@@ -417,7 +417,7 @@ def test_bad_images_in_parquet_files_are_named_by_file_and_row(tmp_path: Path, c
         ValueError, match=rf"(?s)1 of the 6 images.*{re.escape(str(path))} \(row 4\): not an image"
     ):
         load_digits_tasks(["mnist"], source="local", data_dir=root)
-    with caplog.at_level("WARNING", logger="ni_hf.data.digits"):
+    with caplog.at_level("WARNING", logger="ni_hf.data.images"):
         dd, _ = load_digits_tasks(["mnist"], source="local", data_dir=root, skip_bad_images=True, seed=1)
     assert sorted(dd["train"]["label"][:]) == [0, 1, 2, 3, 5]
     assert f"{path} (row 4)" in caplog.text
@@ -437,7 +437,7 @@ def test_bad_image_rows_are_named_by_their_file_row_after_sampling(tmp_path: Pat
         for row, image in enumerate(table.column("image").to_pylist())
     ]
     pq.write_table(table.set_column(0, "image", pa_array(images, table.schema.field("image").type)), path)
-    with caplog.at_level("WARNING", logger="ni_hf.data.digits"):
+    with caplog.at_level("WARNING", logger="ni_hf.data.images"):
         dd, _ = load_digits_tasks(
             ["mnist"], source="local", data_dir=root, max_train_samples=10, skip_bad_images=True
         )

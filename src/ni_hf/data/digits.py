@@ -1,7 +1,9 @@
 """Digit datasets for multi-task training (MNIST, MNIST-M, SVHN, ...), each sample tagged with its task.
 
 The Neural Interpreters paper trains one model jointly on MNIST, MNIST-M and SVHN
-(cropped digits) and adapts it to new tasks such as K-MNIST. :func:`load_digits_tasks`
+(cropped digits) and adapts it to new tasks such as K-MNIST (Sec. 4.2). This module names
+those tasks, their Hub datasets and local folders, and their digit labels; reading files,
+checking images and merging tasks is :mod:`ni_hf.data.images`'s. :func:`load_digits_tasks`
 loads any subset of these tasks and returns a ``DatasetDict`` with ``train`` and
 ``test`` splits whose rows are::
 
@@ -41,16 +43,13 @@ Three sources:
     A ``data_dir`` laid out like the Hub Parquet exports: ``<data_dir>/<folder>/train.parquet``
     and ``test.parquet`` with columns ``image`` (Image feature, PNG bytes) and ``label``
     (ClassLabel). Also accepted per split: ``<split>-*.parquet``, ``data/<split>-*.parquet``,
-    ``<split>/*.parquet``, or image folders ``<folder>/<split>/<label>/*.png``
-    (``imagefolder`` builder). Folder names: see :data:`LOCAL_FOLDER_NAMES`
+    ``<split>/*.parquet``, the same in ``.arrow``, or image folders ``<folder>/<split>/<label>/*.png``.
+    Folder names: see :data:`LOCAL_FOLDER_NAMES`
     (``mnistm`` is looked up as ``mnist_m`` first); any other task name is used as the
     folder name itself. Parquet files are read with ``pyarrow`` straight into memory (no
     cache files; MNIST-M's 118 MB train file takes about a second). Image folders must be named
     by their digit, ``0``..``9``: that digit is the label, in every split (a folder named
-    otherwise is refused, with its path). Every local image is decoded once when loaded (in
-    threads, with a progress bar); files that cannot be decoded are named and refused, or with
-    ``skip_bad_images=True`` left out with a warning that counts and names them. A split without
-    rows, or ``max_*_samples=0``, is refused naming the split.
+    otherwise is refused, with its path).
 
 ``"sklearn"``
     scikit-learn's bundled 8x8 digits (1797 images, gray levels 0..16 rescaled to
@@ -62,40 +61,36 @@ Task names are canonicalised (``"mnist_m"``, ``"MNIST-M"`` -> ``"mnistm"``; see
 ``max_train_samples``/``max_eval_samples`` apply per task: each task contributes at
 most that many rows, drawn at random (seeded by ``seed`` and the task name) and kept
 in their original order. The train split is then shuffled with ``seed``; the test
-split is not shuffled (tasks follow each other in the requested order).
+split is not shuffled (tasks follow each other in the requested order). Every loaded
+image, from any source, is decoded once (in threads, with a progress bar); files that
+cannot be decoded are named and refused, or with ``skip_bad_images=True`` left out with
+a warning that counts and names them. A split without rows, or ``max_*_samples=0``, is
+refused naming the split.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import io
-import logging
-import os
 import re
-import zlib
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
-import PIL.Image
-import pyarrow as pa
-import pyarrow.parquet as pq
-from datasets import (
-    ClassLabel,
-    Dataset,
-    DatasetDict,
-    Features,
-    Image,
-    concatenate_datasets,
-    load_dataset,
-)
-from datasets.data_files import EmptyDatasetError
-from tqdm.auto import tqdm
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, load_dataset
 
-logger = logging.getLogger(__name__)
+from .images import (
+    ImageClassificationTransform,
+    ImageSplit,
+    TaskSplits,
+    assemble_tasks,
+    check_max_samples,
+    find_split_files,
+    has_image_folder,
+    label_ids,
+    read_data_files,
+    read_image_folder,
+    select_columns,
+)
 
 SPLITS: tuple[str, str] = ("train", "test")
 SOURCES: tuple[str, ...] = ("hub", "local", "sklearn")
@@ -232,30 +227,6 @@ def _resolve_task_names(task_names: list[str] | tuple[str, ...] | str, source: s
     return names
 
 
-def _split_seed(seed: int, task: str, split: str) -> np.random.Generator:
-    """Return a generator seeded by the global seed, the task and the split."""
-    return np.random.default_rng([seed, zlib.crc32(task.encode()), zlib.crc32(split.encode())])
-
-
-def _check_max_samples(max_samples: Any, split: str) -> None:
-    """Refuse a per-task row cap that is not None or a positive integer (0 would leave the split empty)."""
-    if max_samples is None:
-        return
-    if isinstance(max_samples, bool) or not isinstance(max_samples, (int, np.integer)) or max_samples < 1:
-        option = "max_train_samples" if split == "train" else "max_eval_samples"
-        raise ValueError(
-            f"{option} (rows per task of the {split} split) must be a positive integer or None (every row), "
-            f"got {max_samples!r}: the {split} split would be empty."
-        )
-
-
-def _subsample_indices(num_rows: int, max_samples: int | None, rng: np.random.Generator) -> np.ndarray | None:
-    """Pick at most ``max_samples`` sorted random row indices, or None to keep all rows."""
-    if max_samples is None or max_samples >= num_rows:
-        return None
-    return np.sort(rng.choice(num_rows, size=max_samples, replace=False))
-
-
 def _find_column(columns: list[str], candidates: tuple[str, ...], what: str, where: str) -> str:
     """Return the first candidate column present, else raise."""
     for name in candidates:
@@ -266,19 +237,11 @@ def _find_column(columns: list[str], candidates: tuple[str, ...], what: str, whe
     )
 
 
-def _normalise(ds: Dataset, image_column: str, label_column: str, where: str) -> Dataset:
+def _normalise(split: ImageSplit, image_column: str, label_column: str, task: str, name: str) -> ImageSplit:
     """Keep only ``image`` (Image) and ``label`` (ClassLabel "0".."9") columns, without rewriting images."""
-    for column in (image_column, label_column):
-        if column not in ds.column_names:
-            raise ValueError(f"Column {column!r} missing in {where}; columns are {ds.column_names}")
-    ds = ds.select_columns([image_column, label_column])
-    if image_column != "image":
-        ds = ds.rename_column(image_column, "image")
-    if label_column != "label":
-        ds = ds.rename_column(label_column, "label")
-    if not isinstance(ds.features["image"], Image):
-        ds = ds.cast_column("image", Image())
-    labels = np.asarray(ds.select_columns(["label"]).with_format("numpy")[:]["label"]).astype(np.int64)
+    split = select_columns(split, image_column, label_column, task, name)
+    ds, where = split.dataset, split.where
+    labels = label_ids(ds)
     label_feature = ds.features["label"]
     if isinstance(label_feature, ClassLabel) and label_feature.names != DIGIT_CLASS_NAMES:
         if len(labels) and all(name.isdigit() for name in label_feature.names):
@@ -290,8 +253,8 @@ def _normalise(ds: Dataset, image_column: str, label_column: str, where: str) ->
         raise ValueError(
             f"Labels in {where} span {labels.min()}..{labels.max()}; expected 0..{NUM_CLASSES - 1}"
         )
-    ds = ds.remove_columns("label")
-    return ds.add_column("label", labels, feature=ClassLabel(names=DIGIT_CLASS_NAMES))
+    ds = ds.remove_columns("label").add_column("label", labels, feature=ClassLabel(names=DIGIT_CLASS_NAMES))
+    return ImageSplit(ds, where, split.origin)
 
 
 # --------------------------------------------------------------------------- sklearn
@@ -321,15 +284,10 @@ def _sklearn_digits() -> DatasetDict:
     return DatasetDict(out)
 
 
-def _load_sklearn_split(task: str, split: str) -> Dataset:
-    """Return one split of the sklearn digits task."""
-    return _sklearn_digits()[split]
-
-
 # --------------------------------------------------------------------------- hub
 
 
-def _load_hub_split(task: str, split: str) -> Dataset:
+def _load_hub_split(task: str, split: str) -> ImageSplit:
     """Download (or reuse the cache of) one split of a Hub task and normalise its columns."""
     spec = HUB_DATASETS[task]
     hub_split = spec.splits[split]
@@ -341,7 +299,8 @@ def _load_hub_split(task: str, split: str) -> Dataset:
             ds = None  # layout changed on the Hub: fall back to the whole config
     if ds is None:
         ds = load_dataset(spec.repo_id, spec.config, split=hub_split)
-    return _normalise(ds, spec.image_column, spec.label_column, f"{spec.repo_id} ({split})")
+    where = f"{spec.repo_id} ({split})"
+    return _normalise(ImageSplit(ds, where), spec.image_column, spec.label_column, task, split)
 
 
 # --------------------------------------------------------------------------- local
@@ -364,47 +323,11 @@ def _local_task_dir(data_dir: str | Path, task: str) -> Path:
     )
 
 
-def _local_parquet_files(task_dir: Path, split: str) -> list[Path]:
-    """Return the Parquet files of one split in a task folder (first matching layout)."""
-    patterns = (f"{split}.parquet", f"{split}-*.parquet", f"data/{split}-*.parquet", f"{split}/*.parquet")
-    for pattern in patterns:
-        files = sorted(task_dir.glob(pattern))
-        if files:
-            return files
-    return []
-
-
-def _has_image_folder(task_dir: Path, split: str) -> bool:
-    """Tell whether ``<task_dir>/<split>`` holds label sub-folders."""
-    split_dir = task_dir / split
-    return split_dir.is_dir() and any(p.is_dir() for p in split_dir.iterdir())
-
-
-def _read_parquet(
-    files: list[Path], max_samples: int | None, rng: np.random.Generator
-) -> tuple[Dataset, list[str]]:
-    """Read Parquet files into an in-memory Dataset of the sampled rows; name each row by its file and row."""
-    tables = [pq.read_table(f) for f in files]
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    origins = [f"{f} (row {row})" for f, t in zip(files, tables, strict=True) for row in range(t.num_rows)]
-    idx = _subsample_indices(table.num_rows, max_samples, rng)
-    if idx is not None:
-        table = table.take(pa.array(idx))
-        origins = [origins[i] for i in idx]
-    # A fingerprint from file identities spares datasets from hashing the whole table (~1 s for MNIST-M).
-    digest = hashlib.sha256()
-    for f in files:
-        stat = f.stat()
-        digest.update(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns};".encode())
-    digest.update(b"all" if idx is None else idx.tobytes())
-    return Dataset(table, fingerprint=digest.hexdigest()[:16]), origins
-
-
 def _check_class_folders(split_dir: Path) -> None:
     """Refuse class folders not named by a digit 0..9: the label is the digit the folder's name spells.
 
-    The imagefolder builder numbers each split's folders in sorted order, so a folder named `seven` would shift the
-    labels of the folders sorted after it, differently in each split that lacks it.
+    Each split's class folders are numbered in sorted order, so a folder named `seven` would shift the labels of
+    the folders sorted after it, differently in each split that lacks it.
     """
     folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     bad = [str(p) for p in folders if not (re.fullmatch(r"[0-9]+", p.name) and int(p.name) < NUM_CLASSES)]
@@ -415,123 +338,47 @@ def _check_class_folders(split_dir: Path) -> None:
         )
 
 
-def _decoding_error(image: dict[str, Any]) -> str | None:
-    """Why an undecoded ``datasets.Image`` value (bytes or path) cannot be read as an image; None if it can."""
-    try:
-        source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
-        with PIL.Image.open(source) as decoded:
-            decoded.load()  # decodes every pixel: a truncated file fails here, not at open
-            if decoded.width == 0 or decoded.height == 0:
-                return f"an empty image ({decoded.width}x{decoded.height})"
-    except PIL.UnidentifiedImageError:
-        return "not an image PIL can identify (unknown format, or a truncated header)"
-    except Exception as error:  # noqa: BLE001 - any decoder failure makes the file unusable
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
-def _decoding_errors(ds: Dataset, description: str) -> list[str | None]:
-    """Decode every image of ``ds`` in threads, with a progress bar: per row, why it fails, or None."""
-    images = ds.cast_column("image", Image(decode=False))["image"][:]
-    chunks = [images[i : i + 256] for i in range(0, len(images), 256)]
-    errors: list[str | None] = []
-    with (
-        ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool,
-        tqdm(total=len(images), desc=f"Checking the images of {description}", unit="img") as bar,
-    ):
-        for chunk_errors in pool.map(lambda chunk: [_decoding_error(image) for image in chunk], chunks):
-            errors.extend(chunk_errors)
-            bar.update(len(chunk_errors))
-    return errors
-
-
-def _drop_or_refuse_bad_images(ds: Dataset, origins: list[str], description: str, skip: bool) -> Dataset:
-    """Check that every image decodes; name every bad file, then refuse (default) or drop them with a warning."""
-    errors = _decoding_errors(ds, description)
-    bad = [row for row, error in enumerate(errors) if error is not None]
-    if not bad:
-        return ds
-    listing = "\n".join(f"  {origins[row]}: {errors[row]}" for row in bad)
-    if not skip:
-        raise ValueError(
-            f"{len(bad)} of the {len(ds)} images of {description} cannot be decoded:\n{listing}\nFix or remove "
-            "them, or pass skip_bad_images=True (run_digits.py: --skip_bad_images) to leave them out."
-        )
-    logger.warning(
-        "Skipped %d of the %d images of %s (cannot be decoded):\n%s", len(bad), len(ds), description, listing
-    )
-    keep = np.setdiff1d(np.arange(len(ds)), np.asarray(bad))
-    return ds.select(keep)
-
-
-def _load_local_split(
-    task: str, split: str, data_dir: str | Path, max_samples: int | None, seed: int, skip_bad_images: bool
-) -> Dataset:
-    """Load one split of a task from a local folder, check that its images decode, and normalise its columns."""
+def _load_local_split(task: str, split: str, data_dir: str | Path) -> ImageSplit:
+    """Read one split of a task from a local folder (Parquet or Arrow files, or image folders) and normalise it."""
     task_dir = _local_task_dir(data_dir, task)
-    rng = _split_seed(seed, task, split)
-    files = _local_parquet_files(task_dir, split)
+    files = find_split_files(task_dir, split)
     if files:
-        ds, origins = _read_parquet(files, max_samples, rng)
-        where = ", ".join(str(f) for f in files)
-    elif _has_image_folder(task_dir, split):
+        raw = read_data_files(files)
+        image_column = _find_column(raw.dataset.column_names, IMAGE_COLUMN_CANDIDATES, "image", raw.where)
+        label_column = _find_column(raw.dataset.column_names, LABEL_COLUMN_CANDIDATES, "label", raw.where)
+        return _normalise(raw, image_column, label_column, task, split)
+    if has_image_folder(task_dir / split):
         _check_class_folders(task_dir / split)
-        where = str(task_dir / split)
-        try:
-            ds = load_dataset("imagefolder", data_dir=where, split="train", drop_labels=False)
-        except EmptyDatasetError:
-            raise ValueError(
-                f"The {split} split of task {task!r} has no usable rows ({where}: no image files)."
-            ) from None
-        idx = _subsample_indices(len(ds), max_samples, rng)
-        if idx is not None:
-            ds = ds.select(idx)
-        origins = [image["path"] for image in ds.cast_column("image", Image(decode=False))["image"][:]]
-    else:
-        raise FileNotFoundError(
-            f"No {split} split for task {task!r} in {task_dir}: expected {task_dir / f'{split}.parquet'} "
-            f"(or {split}-*.parquet, data/{split}-*.parquet, {split}/*.parquet) or image folders "
-            f"{task_dir / split}/<label>/*.png"
-        )
-    _check_not_empty(ds, task, split, where)
-    image_column = _find_column(ds.column_names, IMAGE_COLUMN_CANDIDATES, "image", where)
-    label_column = _find_column(ds.column_names, LABEL_COLUMN_CANDIDATES, "label", where)
-    ds = _normalise(ds, image_column, label_column, where)
-    ds = _drop_or_refuse_bad_images(
-        ds, origins, f"the {split} split of task {task!r} ({where})", skip_bad_images
+        return _normalise(read_image_folder(task_dir / split, split, task), "image", "label", task, split)
+    raise FileNotFoundError(
+        f"No {split} split for task {task!r} in {task_dir}: expected {task_dir / f'{split}.parquet'} "
+        f"(or {split}-*.parquet, data/{split}-*.parquet, {split}/*.parquet, the same in .arrow) or image folders "
+        f"{task_dir / split}/<label>/*.png"
     )
-    _check_not_empty(ds, task, split, where)
-    return ds
-
-
-def _check_not_empty(ds: Dataset, task: str, split: str, where: str) -> None:
-    """Refuse a split without rows, naming it (an empty split fails much later, with an unrelated cast error)."""
-    if len(ds) == 0:
-        raise ValueError(f"The {split} split of task {task!r} has no usable rows ({where}).")
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def _load_split(
-    task: str,
-    split: str,
-    source: str,
-    data_dir: str | Path | None,
-    max_samples: int | None,
-    seed: int,
-    skip_bad_images: bool,
-) -> tuple[Dataset, np.ndarray | None]:
-    """Load one normalised split; return it with the row indices still to select (None: keep all)."""
-    _check_max_samples(max_samples, split)
+def _read_task(
+    task: str, source: str, data_dir: str | Path | None, splits: tuple[str, ...] = SPLITS
+) -> TaskSplits:
+    """Read splits of one task, normalised (their images are checked when the tasks are assembled)."""
     if source == "local":
         if data_dir is None:
             raise ValueError('source="local" needs data_dir (a folder holding <task>/train.parquet, ...)')
-        # Subsampled while reading, and its images checked.
-        return _load_local_split(task, split, data_dir, max_samples, seed, skip_bad_images), None
-    ds = _load_sklearn_split(task, split) if source == "sklearn" else _load_hub_split(task, split)
-    _check_not_empty(ds, task, split, f"source {source!r}")
-    return ds, _subsample_indices(len(ds), max_samples, _split_seed(seed, task, split))
+        read = {split: _load_local_split(task, split, data_dir) for split in splits}
+        description = f"local folder {_local_task_dir(data_dir, task)}"
+    elif source == "sklearn":
+        read = {
+            split: ImageSplit(_sklearn_digits()[split], f"scikit-learn's digits ({split})")
+            for split in splits
+        }
+        description = "scikit-learn's 8x8 digits"
+    else:
+        read = {split: _load_hub_split(task, split) for split in splits}
+        description = f"Hub dataset {HUB_DATASETS[task].repo_id}"
+    return TaskSplits(task, DIGIT_CLASS_NAMES, read, description)
 
 
 def load_task_split(
@@ -545,17 +392,19 @@ def load_task_split(
 ) -> Dataset:
     """Load one split of one task with columns ``image`` and ``label`` (no ``task_id``).
 
-    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub". Local images
-    are decoded once here: a file that cannot be decoded is named, and refused unless ``skip_bad_images``, which
-    leaves such files out with a warning that counts and names them.
+    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub". Images are
+    decoded once here: a file that cannot be decoded is named, and refused unless ``skip_bad_images``, which leaves
+    such files out with a warning that counts and names them.
     """
     source = resolve_dataset_source(None, data_dir) if source is None else source
     _check_source(source)
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r}; expected one of {list(SPLITS)}")
     (task,) = _resolve_task_names([task], source)
-    ds, idx = _load_split(task, split, source, data_dir, max_samples, seed, skip_bad_images)
-    return ds if idx is None else ds.select(idx)
+    check_max_samples(max_samples, "max_train_samples" if split == "train" else "max_eval_samples", split)
+    one = _read_task(task, source, data_dir, (split,))
+    dataset, _ = assemble_tasks([one], {split: max_samples}, seed, skip_bad_images, shuffle=())
+    return dataset[split].remove_columns("task_id")
 
 
 def load_digits_tasks(
@@ -569,58 +418,21 @@ def load_digits_tasks(
 ) -> tuple[DatasetDict, list[str]]:
     """Load several digit tasks into one ``DatasetDict(train, test)`` with ``image``, ``label``, ``task_id``.
 
-    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub". Local images
-    are decoded once here: files that cannot be decoded are named, and refused unless ``skip_bad_images``, which
-    leaves them out with a warning that counts and names them. ``max_*_samples`` must be None or positive.
+    ``source``: "hub", "local" or "sklearn"; default "local" when ``data_dir`` is given, else "hub". Images are
+    decoded once here: files that cannot be decoded are named, and refused unless ``skip_bad_images``, which leaves
+    them out with a warning that counts and names them. ``max_*_samples`` must be None or positive.
     """
     source = resolve_dataset_source(source, data_dir)
     names = _resolve_task_names(task_names, source)
-    _check_max_samples(max_train_samples, "train")
-    _check_max_samples(max_eval_samples, "test")
-    task_feature = ClassLabel(names=names)
-    out = {}
-    for split, max_samples in (("train", max_train_samples), ("test", max_eval_samples)):
-        parts = []
-        for task_id, task in enumerate(names):
-            ds, idx = _load_split(task, split, source, data_dir, max_samples, seed, skip_bad_images)
-            # Add task_id before selecting rows: add_column on a selection would copy the selected images.
-            ds = ds.add_column("task_id", np.full(len(ds), task_id, dtype=np.int64), feature=task_feature)
-            parts.append(ds if idx is None else ds.select(idx))
-        merged = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-        if split == "train":
-            merged = merged.shuffle(seed=seed)
-        out[split] = merged
-    return DatasetDict(out), names
+    check_max_samples(max_train_samples, "max_train_samples", "train")
+    check_max_samples(max_eval_samples, "max_eval_samples", "test")
+    tasks = [_read_task(task, source, data_dir) for task in names]
+    caps = {"train": max_train_samples, "test": max_eval_samples}
+    dataset, _ = assemble_tasks(tasks, caps, seed, skip_bad_images)
+    return dataset, names
 
 
-@dataclass
-class DigitsTransform:
-    """Dataset transform: images -> the processor's normalized (C, H, W) float arrays, labels and the model's task ids.
-
-    The task id is ``task_id`` for every sample if given, else the row's ``task_id`` mapped through
-    ``model_task_ids`` (a saved model evaluated on some of its tasks, or in another order). It draws no random
-    numbers: it runs in DataLoader workers, whose random state a checkpoint does not keep, so augmentation happens on
-    the batch in the training step. A class at module level, not a closure, so that workers started by spawn or
-    forkserver can unpickle it.
-    """
-
-    processor: Any  # an image processor called with do_patchify=False (NeuralInterpreterImageProcessor)
-    model_task_ids: list[int] | None = None
-    task_id: int | None = None
-
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
-        pixel_values = self.processor(images=batch["image"], do_patchify=False)["pixel_values"]
-        if self.task_id is not None:
-            task_ids = [self.task_id] * len(batch["label"])
-        else:
-            task_ids = [int(task_id) for task_id in batch["task_id"]]
-            if self.model_task_ids is not None:
-                task_ids = [self.model_task_ids[task_id] for task_id in task_ids]
-        return {
-            "pixel_values": [np.asarray(image, dtype=np.float32) for image in pixel_values],
-            "labels": [int(label) for label in batch["label"]],
-            "task_ids": task_ids,
-        }
+DigitsTransform = ImageClassificationTransform  # the digits scripts' name for the general transform
 
 
 __all__ = [
