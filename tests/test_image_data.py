@@ -164,6 +164,35 @@ def test_string_labels_are_encoded_and_validation_matched_by_name(tmp_path: Path
     assert dd["validation"]["label"][:] == [2, 0]
 
 
+def test_integer_labels_are_encoded_in_numeric_order_and_data_files_take_patterns(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    for shard, labels in enumerate(([10, 2, 2], [33, 10, 33])):
+        parquet_file(tmp_path / "shards" / f"train-{shard:05d}-of-00002.parquet", labels, Value("int64"))
+    parquet_file(tmp_path / "shards" / "eval.parquet", [33, 2], Value("int64"))
+    monkeypatch.chdir(tmp_path)
+    source = ImageDatasetSource(
+        data_files={"train": "shards/train-*.parquet", "validation": "shards/eval.parquet"}
+    )
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        dd, (task,) = load_image_tasks(source)
+    assert task.name == "shards" and task.label_names == ["2", "10", "33"]  # 2 < 10 < 33, not "10" < "2"
+    assert "holds int64 values, encoded as a class label of 3 classes" in caplog.text
+    assert sorted(dd["train"]["label"][:]) == [0, 0, 1, 1, 2, 2] and dd["validation"]["label"][:] == [2, 0]
+    with pytest.raises(
+        FileNotFoundError, match=r"No file matches .*shards/test-\*.parquet \(data_files of the"
+    ):
+        load_image_tasks(ImageDatasetSource(data_files={"train": "shards/test-*.parquet"}))
+
+
+def test_a_local_folder_of_split_image_folders_matches_validation_classes_to_training(tmp_path: Path) -> None:
+    image_folders(tmp_path / "flowers" / "train", {"iris": 3, "rose": 3, "tulip": 3})
+    image_folders(tmp_path / "flowers" / "val", {"tulip": 2})
+    dd, (task,) = load_image_tasks(ImageDatasetSource(dataset_name=str(tmp_path / "flowers")))
+    assert task.label_names == ["iris", "rose", "tulip"] and dd["validation"]["label"][:] == [2, 2]
+    assert "splits train, val" in task.source
+
+
 def test_validation_classes_that_training_does_not_have_are_named(tmp_path: Path) -> None:
     train = parquet_file(tmp_path / "train.parquet", ["ant", "bee"], Value("string"))
     val = parquet_file(tmp_path / "val.parquet", ["bee", "moth", "gnat"], Value("string"))
@@ -294,6 +323,14 @@ def test_a_hub_dataset_goes_through_load_dataset_and_the_shared_checks(monkeypat
         )
     )
     assert (task.num_train, task.num_eval) == (17, 3) and sorted(dd["validation"]["label"][:]) == [0, 1, 1]
+    calls.clear()
+    fruit = {"image_column_name": "img", "label_column_name": "fine_label"}
+    load_image_tasks(
+        ImageDatasetSource(dataset_name="someone/fruit", data_files={"train": "a/*.parquet"}, **fruit)
+    )
+    assert calls == [
+        ("someone/fruit", None, {"cache_dir": None, "token": None, "data_files": {"train": "a/*.parquet"}})
+    ]
     with pytest.raises(
         ValueError, match=r"No split 'dev' \(validation_split\).*\['train', 'validation', 'test'\]"
     ):

@@ -827,9 +827,8 @@ def _with_task_ids(tasks: list[TaskSplits]) -> list[TaskSplits]:
         done: dict[int, Dataset] = {}
         splits = {}
         for name, split in task.splits.items():
-            if (
-                id(split.dataset) not in done
-            ):  # a validation split taken from the train rows shares its dataset
+            # A validation split taken from the train rows shares their dataset: one task_id column for both.
+            if id(split.dataset) not in done:
                 ds = split.dataset
                 if not shared_labels:  # a new column, not cast_column: that would rewrite every row
                     labels = label_ids(ds)
@@ -852,8 +851,8 @@ def assemble_tasks(
     """Tasks -> one ``DatasetDict`` (one split per key of ``max_samples``) with ``image``, ``label``, ``task_id``.
 
     Each task's rows of a split are sampled (at most ``max_samples[split]``, kept in order) and their images
-    checked; the tasks follow each other, and the splits named in ``shuffle`` are then shuffled with ``seed``. Returns the
-    datasets and, per task, each split's :class:`SplitReport`.
+    checked; the tasks follow each other, and the splits named in ``shuffle`` are then shuffled with ``seed``.
+    Returns the datasets and, per task, each split's :class:`SplitReport`.
     """
     tasks = _with_task_ids(tasks)
     reports: list[dict[str, SplitReport]] = [{} for _ in tasks]
