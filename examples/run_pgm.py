@@ -37,10 +37,19 @@ from ni_hf import (
     NeuralInterpreterForMultipleChoice,
     NeuralInterpreterPanelProcessor,
 )
-from ni_hf.data.pgm import META_TARGET_NAMES, PGM_SOURCES, load_pgm
+from ni_hf.data.pgm import (
+    META_TARGET_NAMES,
+    PGM_SOURCES,
+    check_pgm_source,
+    first_puzzles,
+    load_pgm,
+    pgm_num_rows,
+    skipped_files,
+)
 from ni_hf.data.pgm_generator import REGIMES
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PGM_REGIMES
 from ni_hf.training.callbacks import time_limit_callbacks
+from ni_hf.training.checkpoints import ExactResumeMixin
 from ni_hf.training.model_cards import write_pgm_model_card
 from ni_hf.training.presets import PGM_PRESETS, parse_config_overrides, preset_field
 from ni_hf.training.publishing import hub_repo_id
@@ -58,6 +67,8 @@ RELATION_TYPES = META_TARGET_NAMES[7:]  # progression, XOR, OR, AND, consistent_
 # Image settings of the configs, which a PGM model (panels through its panel CNN) never reads.
 UNREAD_CONFIG_KEYS = ("image_size", "patch_size", "num_channels")
 SPLITS = {"val": "in distribution", "test": "out of distribution"}
+SKIP_LOG = "pgm_skipped.tsv"  # the files (rows) --skip_bad_files left out, one a line
+OTHER_CONTEXT_PUZZLES = 2000  # test puzzles evaluated with another puzzle's context
 # Generated training puzzles are prepared once in memory up to this size, else generated anew in every epoch.
 PREPARED_BYTES = 2 << 30
 
@@ -134,6 +145,20 @@ class DataArguments:
     max_triples: int = field(
         default=4,
         metadata={"help": "generated: at most this many (object, attribute, relation) triples per puzzle."},
+    )
+    skip_bad_files: bool = field(
+        default=False,
+        metadata={
+            "help": "deepmind, hub: leave out files (rows) that cannot be read, counted in the results and listed in "
+            "<output_dir>/pgm_skipped.tsv, instead of stopping at the first."
+        },
+    )
+    check_every_file: bool = field(
+        default=True,
+        metadata={
+            "help": "deepmind folders: check every file's headers before training (about 2 ms a file), not only a "
+            "sample read in full."
+        },
     )
     generator_seed: int = field(
         default=0, metadata={"help": "generated: the seed of the puzzles (train, val, test)."}
@@ -278,7 +303,7 @@ def prepare_puzzles(
     return puzzles
 
 
-class PGMTrainer(Trainer):
+class PGMTrainer(ExactResumeMixin, Trainer):
     """Trainer whose batches carry each puzzle's relation types (`meta_target`) to compute_metrics, not to the model."""
 
     def compute_loss(
@@ -301,9 +326,15 @@ def compute_metrics(eval_pred: Any) -> dict[str, float]:
     return metrics
 
 
-def load_split(data_args: DataArguments, split: str, panel_size: int, count: int | None, seed: int) -> Any:
-    """One split in the package's PGM schema, from the chosen source."""
-    return load_pgm(
+def load_split(
+    data_args: DataArguments, split: str, panel_size: int, count: int | None, seed: int, output_dir: str
+) -> Any:
+    """One split in the package's PGM schema, from the chosen source; files are checked before any training."""
+    if data_args.dataset_source == "generated":
+        options = {"max_triples": data_args.max_triples}
+    else:
+        options = {"skip_bad_files": data_args.skip_bad_files, "skip_log": str(Path(output_dir) / SKIP_LOG)}
+    dataset = load_pgm(
         data_args.dataset_source,
         split=split,
         regime=data_args.regime,
@@ -311,8 +342,12 @@ def load_split(data_args: DataArguments, split: str, panel_size: int, count: int
         max_samples=count,
         seed=seed,
         panel_size=panel_size,
-        **({"max_triples": data_args.max_triples} if data_args.dataset_source == "generated" else {}),
+        **options,
     )
+    if data_args.dataset_source != "generated":
+        report = check_pgm_source(dataset, every_file=data_args.check_every_file)
+        logger.info(f"Checked the {split} puzzles before training: {report.to_dict()}")
+    return dataset
 
 
 def evaluate_splits(trainer: Trainer, datasets: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -331,6 +366,33 @@ def evaluate_splits(trainer: Trainer, datasets: dict[str, Any]) -> dict[str, dic
             f"{results[split]['num_samples']} puzzles; by relation type: {per_relation}"
         )
     return results
+
+
+def with_other_context(puzzles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each puzzle with the 8 context panels of the next one (the last takes the first's): its own candidates and
+    answer, a context that says nothing of them. A model that reads the matrix must fall to chance (12.5%)."""
+    key = "pixel_values" if "pixel_values" in puzzles[0] else "panels"
+    shuffled = []
+    for i, puzzle in enumerate(puzzles):
+        other = puzzles[(i + 1) % len(puzzles)][key]
+        own = puzzle[key]
+        panels = (
+            torch.cat([other[:8], own[8:]]) if torch.is_tensor(own) else np.concatenate([other[:8], own[8:]])
+        )
+        shuffled.append({**puzzle, key: panels})
+    return shuffled
+
+
+def evaluate_other_context(trainer: Trainer, test: Any) -> dict[str, float]:
+    """Test accuracy with every puzzle's context panels taken from another puzzle (at most OTHER_CONTEXT_PUZZLES)."""
+    puzzles = first_puzzles(test, OTHER_CONTEXT_PUZZLES)
+    metrics = trainer.evaluate(with_other_context(puzzles), metric_key_prefix="other_context")
+    result = {key.removeprefix("other_context_"): value for key, value in metrics.items()}
+    logger.info(
+        f"test with the context panels of another puzzle: accuracy {100 * result['accuracy']:.2f}% of "
+        f"{result['num_samples']} puzzles (chance 12.5%)"
+    )
+    return result
 
 
 def anytime_curve(trainer: Trainer, model: torch.nn.Module, datasets: dict[str, Any]) -> list[dict[str, Any]]:
@@ -360,7 +422,7 @@ def routing_assets_writer(model: torch.nn.Module, dataset: Any, collator: PGMCol
     def write() -> dict[str, Any]:
         from ni_hf.visualization import write_pgm_routing_card_assets
 
-        batch = collator([dataset[i] for i in range(min(64, len(dataset)))])
+        batch = collator(first_puzzles(dataset, 64))
         return write_pgm_routing_card_assets(
             model,
             batch["pixel_values"].to(model.device),
@@ -384,21 +446,17 @@ def load_data(
     data_args: DataArguments, args: PGMTrainingArguments, config: PretrainedConfig, processor: Any
 ) -> tuple[Any, dict[str, Any], dict[str, int]]:
     """Train, val (in distribution) and test (out of distribution) puzzles; generated ones prepared once."""
-    seed = data_args.generator_seed
-    train = (
-        load_split(data_args, "train", config.panel_size, data_args.num_train_puzzles, seed)
-        if args.do_train
-        else None
-    )
+    seed, out = data_args.generator_seed, args.output_dir
+    if args.should_save:
+        (Path(out) / SKIP_LOG).unlink(missing_ok=True)  # the skip log is appended to: this run's alone
+    count = data_args.num_train_puzzles
+    train = load_split(data_args, "train", config.panel_size, count, seed, out) if args.do_train else None
     evaluation = {
-        split: load_split(data_args, split, config.panel_size, data_args.num_eval_puzzles, seed)
+        split: load_split(data_args, split, config.panel_size, data_args.num_eval_puzzles, seed, out)
         for split in SPLITS
     }
-    sizes = {
-        split: len(dataset)
-        for split, dataset in {"train": train, **evaluation}.items()
-        if hasattr(dataset, "__len__")
-    }
+    splits = {"train": train, **evaluation}
+    sizes = {split: pgm_num_rows(data) for split, data in splits.items() if data is not None}
     logger.info(f"PGM {data_args.regime} from {data_args.dataset_source}: {sizes} puzzles")
     if (
         data_args.dataset_source == "generated"
@@ -447,6 +505,12 @@ def train_and_evaluate(
     )
     results: dict[str, Any] = {"train": run.train(trainer) if args.do_train else {}}
     results.update(evaluate_splits(trainer, evaluation))
+    results["test_other_context"] = evaluate_other_context(trainer, evaluation["test"])
+    results["skipped_files"] = {
+        split: len(skipped_files(dataset))
+        for split, dataset in {"train": train, **evaluation}.items()
+        if dataset
+    }
     if args.anytime and model_args.architecture == "neural_interpreter":
         results["anytime"] = anytime_curve(trainer, model, evaluation)
     if run.is_main_process:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import _scripts
+import numpy as np
 import pytest
 import torch
 
@@ -104,3 +105,86 @@ def test_a_digits_checkpoint_is_refused_as_a_pgm_model(tmp_path, tester):
             ["--preset", "quick", "--do_train", "false", "--model_name_or_path", str(tmp_path / "digits"),
              "--output_dir", str(tmp_path / "out"), "--report_to", "none"]
         )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ DeepMind's and the Hub's files
+
+TINY_PAPER = (
+    "hidden_size=16,code_dim=8,num_functions=3,num_attention_heads=2,attention_head_size=4,"
+    "type_inference_hidden_size=12,type_dim=6,num_function_iterations=2,panel_size=16,panel_cnn_layers=2,"
+    "panel_cnn_channels=4"
+)
+
+
+def source_args(tmp_path: Path, preset: str, *source: str) -> list[str]:
+    """A short run of ``preset`` on files: one epoch of 2-puzzle batches (the paper preset's model made tiny)."""
+    size = ["--config_overrides", TINY_PAPER] if preset == "paper" else []
+    return [
+        "--preset", preset, *source, *size, "--output_dir", str(tmp_path / "out"), "--report_to", "none",
+        "--num_train_epochs", "1", "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "4",
+        "--eval_strategy", "no", "--save_strategy", "no", "--anytime", "false",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def deepmind_files(tmp_path_factory) -> dict[str, Path]:
+    import _pgm_files
+
+    root = tmp_path_factory.mktemp("deepmind")
+    folder = _pgm_files.write_deepmind_folder(
+        root, {"train": range(6), "val": range(6, 10), "test": range(10, 14)}
+    )
+    archive = _pgm_files.write_deepmind_archive(root / "neutral.tar.gz", folder)
+    hub = _pgm_files.write_hub_parquet(
+        tmp_path_factory.mktemp("hub"),
+        {"train": [range(6)], "validation": [range(6, 10)], "test": [range(10, 14)]},
+    )
+    return {"folder": folder, "archive": archive, "hub": hub}
+
+
+@pytest.mark.parametrize("preset", ["paper", "cpu"])
+@pytest.mark.parametrize("source", ["archive", "hub"])
+def test_deepmind_archives_and_hub_parquet_train_end_to_end(deepmind_files, tmp_path, preset, source):
+    """Trainer counts its steps from the sources' lengths, and the card's picture takes their first puzzles."""
+    data = [
+        "--dataset_source",
+        "deepmind" if source == "archive" else "hub",
+        "--data_dir",
+        str(deepmind_files[source]),
+    ]
+    with _scripts.one_thread():
+        results = run_pgm.main(source_args(tmp_path, preset, *data))
+    assert results["sizes"] == {"train": 6, "val": 4, "test": 4}
+    assert results["train"]["global_step"] == 3 and results["skipped_files"] == {
+        "train": 0,
+        "val": 0,
+        "test": 0,
+    }
+    assert results["test"]["num_samples"] == 4 and results["test_other_context"]["num_samples"] == 4
+    assert (tmp_path / "out" / "README.md").is_file() and (tmp_path / "out" / "routing_path.png").is_file()
+
+
+def test_a_bad_training_file_is_refused_before_training_or_skipped_and_counted(deepmind_files, tmp_path):
+    import shutil
+
+    import _pgm_files
+
+    folder = tmp_path / "neutral"
+    shutil.copytree(deepmind_files["folder"], folder)
+    bad = _pgm_files.write_bad_npz(folder / "PGM_neutral_train_99.npz", "target 9")
+    data = ["--dataset_source", "deepmind", "--data_dir", str(folder)]
+    with pytest.raises(ValueError, match=f"{bad.name}.*'target' is 9"):
+        run_pgm.main(source_args(tmp_path, "cpu", *data))
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # refused before any training
+    with _scripts.one_thread():
+        results = run_pgm.main(source_args(tmp_path, "cpu", *data, "--skip_bad_files", "true"))
+    assert results["skipped_files"]["train"] == 1 and results["sizes"]["train"] == 6
+    assert bad.name in (tmp_path / "out" / "pgm_skipped.tsv").read_text()
+
+
+def test_the_context_of_another_puzzle_keeps_each_puzzles_candidates():
+    puzzles = [{"panels": np.full((16, 2, 2), i), "target": i} for i in range(3)]
+    shuffled = run_pgm.with_other_context(puzzles)
+    assert [int(p["panels"][0, 0, 0]) for p in shuffled] == [1, 2, 0]  # the next puzzle's context
+    assert [int(p["panels"][8, 0, 0]) for p in shuffled] == [0, 1, 2]  # its own candidates
+    assert [p["target"] for p in shuffled] == [0, 1, 2]
