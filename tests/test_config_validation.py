@@ -397,7 +397,7 @@ def test_default_task_must_index_the_tasks(config_class):
 @pytest.mark.parametrize("name", sorted(PAPER_PRESETS))
 def test_paper_presets_are_valid_and_survive_save_and_load(name, tmp_path):
     config = NeuralInterpreterConfig.from_paper(name)
-    config.validate_neural_interpreter()
+    config.validate()
     config.save_pretrained(tmp_path)
     loaded = NeuralInterpreterConfig.from_pretrained(tmp_path)
     assert loaded.to_dict() == config.to_dict()
@@ -500,8 +500,6 @@ def test_a_neural_interpreter_config_changed_in_place_is_refused_by_validate_and
     message = r"`hidden_size` \(32\) must be divisible by `num_attention_heads` \(5\)"
     with pytest.raises(ValueError, match=message):
         config.validate()
-    with pytest.raises(ValueError, match=message):
-        config.validate_neural_interpreter()
     with pytest.raises(ValueError, match=message):
         config.save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()
@@ -701,9 +699,8 @@ def test_an_edit_that_breaks_a_rule_across_settings_is_refused_by_validate_and_s
 ):
     config = tester.get_config()
     config.update(edit)  # each value is fine on its own
-    for check in (config.validate, config.validate_neural_interpreter):
-        with pytest.raises(ValueError, match=message):
-            check()
+    with pytest.raises(ValueError, match=message):
+        config.validate()
     with pytest.raises(ValueError, match=message):
         config.save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()

@@ -10,15 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ni_hf
 import ni_hf.kernels.fast_line_of_code as fast
-from ni_hf import ALL_ATTENTION_FUNCTIONS, NeuralInterpreterForImageClassification, NeuralInterpreterModel
+from ni_hf import ALL_LINE_OF_CODE_FUNCTIONS, NeuralInterpreterForImageClassification, NeuralInterpreterModel
 from ni_hf.models.neural_interpreter.modeling_neural_interpreter import (
     eager_attention,
     eager_line_of_code,
     sdpa_attention,
 )
 
-IMPLEMENTATIONS = sorted(name for name in ALL_ATTENTION_FUNCTIONS if name != "eager")
+IMPLEMENTATIONS = sorted(name for name in ALL_LINE_OF_CODE_FUNCTIONS if name != "eager")
 SIZES = [
     (True, {"hidden_size": 8, "attention_head_size": 8}),  # every function reads one set: the bilinear form
     (True, {}),  # one set, q and k (the bilinear form does not pay)
@@ -28,8 +29,17 @@ SIZE_IDS = ["shared-bilinear", "shared-qk", "streams"]
 
 
 def test_the_package_registers_fast_beside_eager_and_sdpa():
-    assert {"eager", "sdpa", "fast"} <= set(ALL_ATTENTION_FUNCTIONS)
-    assert ALL_ATTENTION_FUNCTIONS["fast"] is fast.fast_line_of_code
+    assert {"eager", "sdpa", "fast"} <= set(ALL_LINE_OF_CODE_FUNCTIONS)
+    assert ALL_LINE_OF_CODE_FUNCTIONS["fast"] is fast.fast_line_of_code
+
+
+def test_the_registry_s_former_names_are_aliases_of_it(monkeypatch):
+    """`ALL_ATTENTION_FUNCTIONS` and `NeuralInterpreterAttentionInterface` still work, for one release."""
+    assert ni_hf.ALL_ATTENTION_FUNCTIONS is ALL_LINE_OF_CODE_FUNCTIONS
+    assert "Deprecated" in ni_hf.NeuralInterpreterAttentionInterface.__doc__
+    monkeypatch.setitem(ni_hf.NeuralInterpreterLineOfCodeInterface._global_mapping, "mine", lambda *a: None)
+    ni_hf.NeuralInterpreterAttentionInterface.register("mine", fast.fast_line_of_code)
+    assert ALL_LINE_OF_CODE_FUNCTIONS["mine"] is fast.fast_line_of_code
 
 
 def _loc_and_inputs(tester, shared_input: bool, **overrides):
@@ -90,7 +100,7 @@ def test_every_implementation_computes_the_literal_line_of_code_and_its_gradient
     c.requires_grad_()
     leaves = [x, c, *loc.parameters()]
     results = []
-    for line_of_code in (eager_line_of_code, ALL_ATTENTION_FUNCTIONS[implementation]):
+    for line_of_code in (eager_line_of_code, ALL_LINE_OF_CODE_FUNCTIONS[implementation]):
         bias = loc.position_bias(codes, 2) if with_bias else None
         streams, _ = line_of_code(loc, x, c, loc.function_weights(codes), bias)
         # Weighted so that every stream element gets its own gradient, as Eq. 8's sum and the next LOC give.

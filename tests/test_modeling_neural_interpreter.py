@@ -1083,3 +1083,81 @@ def test_a_routing_that_accepts_no_token_warns_once_and_gives_no_nan(tester, mon
     backbone = NeuralInterpreterModel(config)  # a backbone alone warns too
     backbone(pixel_values=pixels, disabled_functions=every_function)
     assert len(warnings) == 2
+
+
+def test_a_script_s_forward_is_one_function_iteration_and_returns_it(tester):
+    """`NeuralInterpreterScript.forward` returns its `FunctionIteration`, C laid out (B, U, N) as in the outputs."""
+    config = tester.get_config()
+    model = NeuralInterpreterModel(config).eval()
+    pixel_values = tester.prepare_inputs(config)["pixel_values"]
+    with torch.no_grad():
+        out = model(pixel_values=pixel_values, output_routing=True, output_hidden_states=True)
+        script = model.scripts[0]
+        iteration = script(out.hidden_states[0], script.attention_biases(config.num_task_tokens), None, None)
+    assert isinstance(iteration, modeling_neural_interpreter.FunctionIteration)
+    assert iteration.compatibilities.shape == (
+        tester.batch_size,
+        config.num_functions,
+        tester.set_size(config),
+    )
+    torch.testing.assert_close(iteration.compatibilities, out.compatibilities[0])
+    torch.testing.assert_close(iteration.types, out.types[0])
+    torch.testing.assert_close(iteration.hidden_state, out.hidden_states[1])
+
+
+def test_every_head_takes_the_routing_options_as_one_group(tester):
+    """The heads hand `RoutingKwargs` to the backbone as they are: explicit keywords work, a misspelt one is refused."""
+    import inspect
+    import typing
+
+    from ni_hf import NeuralInterpreterForMultipleChoice, NeuralInterpreterForSetRegression, RoutingKwargs
+
+    options = set(typing.get_type_hints(RoutingKwargs))
+    assert options == {
+        "output_hidden_states",
+        "output_attentions",
+        "output_routing",
+        "num_function_iterations",
+        "disabled_functions",
+    }
+    backbone = set(inspect.signature(NeuralInterpreterModel.forward).parameters)
+    assert options <= backbone
+    for head in (
+        NeuralInterpreterForImageClassification,
+        NeuralInterpreterForSetRegression,
+        NeuralInterpreterForMultipleChoice,
+    ):
+        parameters = inspect.signature(head.forward).parameters
+        assert not options & set(parameters) and parameters["routing"].kind is inspect.Parameter.VAR_KEYWORD
+    config = tester.get_config()
+    model = NeuralInterpreterForImageClassification(config).eval()
+    inputs = tester.prepare_inputs(config)
+    out = model(**inputs, output_routing=True, num_function_iterations=1, disabled_functions=[0])
+    assert len(out.compatibilities) == config.num_scripts and (out.compatibilities[0][:, 0] == 0).all()
+    with pytest.raises(TypeError, match="output_routng"):
+        model(**inputs, output_routng=True)
+
+
+def test_the_output_classes_share_one_declaration_of_the_routing_fields():
+    from dataclasses import fields
+
+    from ni_hf import (
+        NeuralInterpreterImageClassifierOutput,
+        NeuralInterpreterModelOutput,
+        NeuralInterpreterMultipleChoiceOutput,
+        NeuralInterpreterSetRegressionOutput,
+        RoutingOutput,
+    )
+
+    for output in (
+        NeuralInterpreterModelOutput,
+        NeuralInterpreterImageClassifierOutput,
+        NeuralInterpreterMultipleChoiceOutput,
+        NeuralInterpreterSetRegressionOutput,
+    ):
+        assert issubclass(output, RoutingOutput)
+        assert {"compatibilities", "types"} <= {field.name for field in fields(output)}
+        assert "compatibilities" not in vars(output).get("__annotations__", {}), output
+    # transformers' order first: a tuple output starts with the loss or the last hidden state, as transformers' own
+    assert [f.name for f in fields(NeuralInterpreterSetRegressionOutput)][:2] == ["loss", "predictions"]
+    assert [f.name for f in fields(NeuralInterpreterImageClassifierOutput)][:2] == ["loss", "logits"]

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ni_hf import ALL_ATTENTION_FUNCTIONS, NeuralInterpreterConfig, NeuralInterpreterForSetRegression
+from ni_hf import ALL_LINE_OF_CODE_FUNCTIONS, NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.kernels.fast_line_of_code import bilinear_attention_pays
 
 
@@ -153,7 +153,7 @@ def _model(name: str, implementation: str) -> NeuralInterpreterForSetRegression:
     return model
 
 
-@pytest.mark.parametrize("implementation", sorted(ALL_ATTENTION_FUNCTIONS))
+@pytest.mark.parametrize("implementation", sorted(ALL_LINE_OF_CODE_FUNCTIONS))
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 def test_model_equals_reference_layout_in_value_and_gradient(

@@ -31,16 +31,20 @@ from .models.neural_interpreter.image_processing_neural_interpreter import (
 )
 from .models.neural_interpreter.modeling_neural_interpreter import (
     ALL_ATTENTION_FUNCTIONS,
+    ALL_LINE_OF_CODE_FUNCTIONS,
     NeuralInterpreterAttentionInterface,
     NeuralInterpreterForImageClassification,
     NeuralInterpreterForMultipleChoice,
     NeuralInterpreterForSetRegression,
     NeuralInterpreterImageClassifierOutput,
+    NeuralInterpreterLineOfCodeInterface,
     NeuralInterpreterModel,
     NeuralInterpreterModelOutput,
     NeuralInterpreterMultipleChoiceOutput,
     NeuralInterpreterPreTrainedModel,
     NeuralInterpreterSetRegressionOutput,
+    RoutingKwargs,
+    RoutingOutput,
 )
 
 __version__ = "0.1.0"
@@ -103,7 +107,9 @@ MultiTaskViTForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoic
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "ALL_LINE_OF_CODE_FUNCTIONS",
     "NeuralInterpreterAttentionInterface",
+    "NeuralInterpreterLineOfCodeInterface",
     "MULTITASK_VIT_PRESETS",
     "PAPER_PRESETS",
     "MultiTaskViTConfig",
@@ -124,5 +130,7 @@ __all__ = [
     "NeuralInterpreterModelOutput",
     "NeuralInterpreterPreTrainedModel",
     "NeuralInterpreterSetRegressionOutput",
+    "RoutingKwargs",
+    "RoutingOutput",
     "vit_baseline_config",
 ]

@@ -1,6 +1,6 @@
 """attn_implementation="fast": the reference LOC's function, computed on a CPU by custom autograd Functions.
 
-Registered in `ALL_ATTENTION_FUNCTIONS` when `ni_hf` is imported; the modeling file never imports this module, so a
+Registered in `ALL_LINE_OF_CODE_FUNCTIONS` when `ni_hf` is imported; the modeling file never imports this module, so a
 checkpoint's copied code runs without it. `fast_line_of_code` runs a whole LOC through Functions that keep only
 their inputs for the backward and redo cheap work there instead of keeping it:
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..models.neural_interpreter.modeling_neural_interpreter import (
     FunctionWeights,
     LineOfCode,
-    NeuralInterpreterAttentionInterface,
+    NeuralInterpreterLineOfCodeInterface,
 )
 
 BILINEAR_SAVING_WEIGHT = 3
@@ -477,4 +477,4 @@ def _lean_line_of_code(
     return GatedGeluModLin.apply(a, hidden, function_weights["fc2"], module.mlp.fc2.bias, gate)
 
 
-NeuralInterpreterAttentionInterface.register("fast", fast_line_of_code)
+NeuralInterpreterLineOfCodeInterface.register("fast", fast_line_of_code)

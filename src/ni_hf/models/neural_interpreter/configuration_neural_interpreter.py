@@ -156,7 +156,7 @@ def boolean(value: Any) -> None:
 
 
 @as_validated_field
-def function_iterations(value: Any) -> None:
+def iteration_counts(value: Any) -> None:
     counts = value if isinstance(value, (list, tuple)) else [value]
     if not counts or not all(is_positive_int(count) for count in counts):
         raise InvalidSetting(
@@ -255,7 +255,7 @@ class NeuralInterpreterConfig(MultiTaskConfigMixin, PanelConfigMixin, PreTrained
     hidden_size: int = positive_int(default=192)
     code_dim: int = positive_int(default=192)
     num_scripts: int = positive_int(default=1)
-    num_function_iterations: int | list[int] | tuple[int, ...] = function_iterations(default=8)
+    num_function_iterations: int | list[int] | tuple[int, ...] = iteration_counts(default=8)
     num_loc_layers: int = positive_int(default=1)
     num_functions: int = positive_int(default=5)
     num_attention_heads: int = positive_int(default=4)
@@ -338,10 +338,6 @@ class NeuralInterpreterConfig(MultiTaskConfigMixin, PanelConfigMixin, PreTrained
                 "`num_function_iterations` must be one positive integer for all scripts or a list of one per "
                 f"script (num_scripts={self.num_scripts}), got {n!r}."
             )
-
-
-# The models call this name; assigned after `@strict` collected the class validators, so it is not one of them.
-NeuralInterpreterConfig.validate_neural_interpreter = NeuralInterpreterConfig.validate
 
 
 def vit_baseline_config(**overrides: Any):

@@ -7,7 +7,7 @@ and 8: `forward` is one function iteration, `run` its function iterations), then
 Every function u of a script runs on every token, so the U function streams live in one tensor (U, B, N, d), and
 what depends on a function alone (its code-modulated weights, its positional bias) is computed from the U codes
 once per forward, never per token. Which implementation runs a line of code is the model's `attn_implementation`,
-looked up once per forward in `ALL_ATTENTION_FUNCTIONS`: "eager" and "sdpa" live here, faster ones register there
+looked up once per forward in `ALL_LINE_OF_CODE_FUNCTIONS`: "eager" and "sdpa" live here, faster ones register there
 from outside this file (`ni_hf.kernels`), so a checkpoint's copied code runs without them.
 """
 
@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +48,21 @@ FunctionWeights = dict[str, torch.Tensor]
 
 
 @dataclass
-class NeuralInterpreterModelOutput(BaseModelOutputWithPooling):
+class RoutingOutput:
+    """The routing fields of every model's output (`output_routing=True`), in order of function iteration.
+
+    Args:
+        compatibilities: C of every (script, function iteration), each (B, U, N): sample b's token i's weight for
+            function u.
+        types: the types t of every (script, function iteration), each (B, N, d_type).
+    """
+
+    compatibilities: tuple[torch.FloatTensor, ...] | None = None
+    types: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class NeuralInterpreterModelOutput(RoutingOutput, BaseModelOutputWithPooling):
     """Output of the backbone.
 
     Args:
@@ -57,46 +71,60 @@ class NeuralInterpreterModelOutput(BaseModelOutputWithPooling):
         hidden_states: the set before the first and after every function iteration, each (B, N, d).
         attentions: Eq. 6's attention weights W of every (script, function iteration, LOC) in order, each
             (B, U, H, N, N): function u's weight of token j for token i at head h, before attention dropout.
-        compatibilities: C of every (script, function iteration) in order, each (B, U, N).
-        types: the types t of every (script, function iteration), each (B, N, d_type).
+        compatibilities, types: as in `RoutingOutput`.
         routing_peak: () the largest C of the forward, 0 when no function accepted any token (None while compiling).
     """
 
-    compatibilities: tuple[torch.FloatTensor, ...] | None = None
-    types: tuple[torch.FloatTensor, ...] | None = None
     routing_peak: torch.FloatTensor | None = None
 
 
 @dataclass
-class NeuralInterpreterImageClassifierOutput(ImageClassifierOutput):
+class NeuralInterpreterImageClassifierOutput(RoutingOutput, ImageClassifierOutput):
     """Output of the multi-task image classifier: `loss` and `logits` (B, num_labels) of each sample's own task
     head; `hidden_states`, `attentions`, `compatibilities` and `types` as in `NeuralInterpreterModelOutput`."""
 
-    compatibilities: tuple[torch.FloatTensor, ...] | None = None
-    types: tuple[torch.FloatTensor, ...] | None = None
-
 
 @dataclass
-class NeuralInterpreterMultipleChoiceOutput(MultipleChoiceModelOutput):
+class NeuralInterpreterMultipleChoiceOutput(RoutingOutput, MultipleChoiceModelOutput):
     """Output of the multiple-choice model (PGM puzzles): cross-entropy `loss` over the choices and their scores
     `logits` (B, num_choices); the routing fields of `NeuralInterpreterModelOutput` come for the B * num_choices
     sets (CLS token, context panels, one candidate), sample b's candidate k at row b * num_choices + k."""
 
-    compatibilities: tuple[torch.FloatTensor, ...] | None = None
-    types: tuple[torch.FloatTensor, ...] | None = None
-
 
 @dataclass
-class NeuralInterpreterSetRegressionOutput(ModelOutput):
-    """Output of the set-regression model: the mean squared error `loss` against the labels, `predictions` (B, T)
-    (one scalar per task token), and the routing fields of `NeuralInterpreterModelOutput`."""
+class SetRegressionOutput(ModelOutput):
+    """What a set-regression model returns (transformers has no such output class): the mean squared error `loss`
+    against the labels, `predictions` (B, T), one scalar per task token, the hidden states and attentions."""
 
     loss: torch.FloatTensor | None = None
     predictions: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
-    compatibilities: tuple[torch.FloatTensor, ...] | None = None
-    types: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class NeuralInterpreterSetRegressionOutput(RoutingOutput, SetRegressionOutput):
+    """Output of the set-regression model: `SetRegressionOutput` and the routing fields."""
+
+
+class RoutingKwargs(TypedDict, total=False):
+    """The routing options every model's `forward` takes and hands, as one group, to `NeuralInterpreterModel.forward`.
+
+    output_hidden_states: return the set before the first and after every function iteration, each (B, N, d).
+    output_attentions: return Eq. 6's attention weights W (B, U, H, N, N) of every LOC of every function
+        iteration (the LOCs then run the literal form).
+    output_routing: return the compatibilities C (B, U, N) and the types of every function iteration.
+    num_function_iterations: iterations to run per script (int, or one per script) instead of the config's:
+        anytime inference.
+    disabled_functions: functions whose C_ui is forced to 0 before normalisation (indices for all scripts, or a
+        dict script -> indices).
+    """
+
+    output_hidden_states: bool | None
+    output_attentions: bool | None
+    output_routing: bool
+    num_function_iterations: int | Sequence[int] | None
+    disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -355,27 +383,36 @@ def sdpa_line_of_code(
     return module(x, compatibilities, function_weights, bias, attention=attention)
 
 
-class NeuralInterpreterAttentionInterface(GeneralInterface):
+class NeuralInterpreterLineOfCodeInterface(GeneralInterface):
     """Line-of-code implementations by name (the model's `attn_implementation`), as transformers'
-    `AttentionInterface`: `register(name, function)` adds one, a `LineOfCodeFunction`. To register an Eq. 6
-    function alone, wrap it: `lambda loc, *args: loc(*args, attention=my_attention)`."""
+    `AttentionInterface` holds attention functions: `register(name, function)` adds one, a `LineOfCodeFunction`.
+    To register an Eq. 6 function alone, wrap it: `lambda loc, *args: loc(*args, attention=my_attention)`."""
 
     _global_mapping: dict[str, LineOfCodeFunction] = {"eager": eager_line_of_code, "sdpa": sdpa_line_of_code}
 
 
-ALL_ATTENTION_FUNCTIONS = NeuralInterpreterAttentionInterface()
+ALL_LINE_OF_CODE_FUNCTIONS = NeuralInterpreterLineOfCodeInterface()
+
+
+class NeuralInterpreterAttentionInterface(NeuralInterpreterLineOfCodeInterface):
+    """Deprecated name of `NeuralInterpreterLineOfCodeInterface`, kept for one release (the registry holds whole
+    line-of-code implementations, not attention functions); it registers into the same mapping."""
+
+
+ALL_ATTENTION_FUNCTIONS = ALL_LINE_OF_CODE_FUNCTIONS
+"""Deprecated name of `ALL_LINE_OF_CODE_FUNCTIONS` (the same registry), kept for one release."""
 
 
 def line_of_code_function(name: str | None) -> LineOfCodeFunction:
     """The registered implementation `name` ("sdpa" for None); a ValueError that lists the registered ones."""
     name = "sdpa" if name is None else name
-    if name not in ALL_ATTENTION_FUNCTIONS:
+    if name not in ALL_LINE_OF_CODE_FUNCTIONS:
         raise ValueError(
             f'Specified `attn_implementation="{name}"` is not supported by Neural Interpreters: expected one of '
-            f"{sorted(ALL_ATTENTION_FUNCTIONS)} (`import ni_hf` registers its CPU kernels as 'fast'; register more "
-            "with NeuralInterpreterAttentionInterface.register)."
+            f"{sorted(ALL_LINE_OF_CODE_FUNCTIONS)} (`import ni_hf` registers its CPU kernels as 'fast'; register "
+            "more with NeuralInterpreterLineOfCodeInterface.register)."
         )
-    return ALL_ATTENTION_FUNCTIONS[name]
+    return ALL_LINE_OF_CODE_FUNCTIONS[name]
 
 
 class TypeInference(nn.Module):
@@ -404,6 +441,13 @@ class FunctionIteration(NamedTuple):
     compatibilities: torch.Tensor
     types: torch.Tensor
     attentions: tuple[torch.Tensor, ...] | None
+
+
+def routing_peak(iterations: Sequence[FunctionIteration]) -> torch.Tensor | None:
+    """() the largest C of all iterations, 0 when no function accepted any token; None while compiling or tracing."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return None
+    return torch.stack([it.compatibilities.detach().amax() for it in iterations]).amax()
 
 
 class NeuralInterpreterScript(GradientCheckpointingLayer):
@@ -450,16 +494,16 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         loc_positions: torch.Tensor | None,
         line_of_code: LineOfCodeFunction = eager_line_of_code,
         function_weights: tuple[FunctionWeights, ...] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """One function iteration: types (Eq. 2), C (Eqs. 3-4), every function's LOCs, y_i = sum_u C_ui LOC_u(x)_i.
+    ) -> FunctionIteration:
+        """One function iteration, Eq. 8: types (Eq. 2), C (Eqs. 3-4), every function's LOCs, y_i = sum_u C_ui LOC_u(x)_i.
 
-        Returns y (B, N, d), C (U, B, N), types (B, N, d_type) and every LOC's W (None unless every LOC formed W).
+        Every LOC's W is kept only when every LOC formed it (the literal Eq. 6).
         loc_positions: (N, d) absolute positions added to the stream before every LOC (zero rows for the task
             tokens), or None; type inference and the outer residual see x without them, as in the reference.
         """
         function_weights = self.function_weights() if function_weights is None else function_weights
         types = self.type_inference(hidden_states)
-        compatibilities = self.compatibilities(types, function_mask)
+        compatibilities = self.compatibilities(types, function_mask)  # (U, B, N)
         streams = (
             hidden_states  # every function's stream starts from the same x, unexpanded for the first LOC
         )
@@ -475,7 +519,10 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         output = (compatibilities.unsqueeze(-1) * streams).sum(dim=0)  # Eq. 8: sum over functions
         if self.config.outer_residual:
             output = hidden_states + output
-        return output, compatibilities, types, attentions if all(w is not None for w in attentions) else None
+        formed_every_w = all(w is not None for w in attentions)
+        return FunctionIteration(
+            output, compatibilities.transpose(0, 1), types, attentions if formed_every_w else None
+        )
 
     def run(
         self,
@@ -485,8 +532,8 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         reads_patches: bool,
         function_mask: torch.Tensor | None = None,
         loc_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[FunctionIteration]]:
-        """`num_iterations` function iterations, the parameters shared across them: y and what each iteration left."""
+    ) -> list[FunctionIteration]:
+        """`num_iterations` function iterations, the parameters shared across them: what each iteration left."""
         biases = self.attention_biases(self.config.num_task_tokens) if reads_patches else None
         # A checkpointed iteration forms its own weights inside the checkpoint: tensors shared from outside it
         # would be backpropagated by each reentrant checkpoint's inner backward.
@@ -494,18 +541,20 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
         weights = None if checkpointed else self.function_weights()
         iterations = []
         for _ in range(num_iterations):
-            hidden_states, compatibilities, types, attentions = self(
-                hidden_states,
-                biases,
-                function_mask,
-                loc_positions,
-                line_of_code=line_of_code,
-                function_weights=weights,
+            # A reentrant activation checkpoint returns a plain tuple: FunctionIteration(*...) names its fields again.
+            iteration = FunctionIteration(
+                *self(
+                    hidden_states,
+                    biases,
+                    function_mask,
+                    loc_positions,
+                    line_of_code=line_of_code,
+                    function_weights=weights,
+                )
             )
-            iterations.append(
-                FunctionIteration(hidden_states, compatibilities.transpose(0, 1), types, attentions)
-            )
-        return hidden_states, iterations
+            hidden_states = iteration.hidden_state
+            iterations.append(iteration)
+        return iterations
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -530,13 +579,13 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
     def __init__(self, config: NeuralInterpreterConfig, *inputs: Any, **kwargs: Any) -> None:
         # A config changed in place after construction (`config.num_functions = 0`) is checked here, not later.
         if isinstance(config, NeuralInterpreterConfig):
-            config.validate_neural_interpreter()
+            config.validate()
         super().__init__(config, *inputs, **kwargs)
 
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        """The line-of-code implementation by name, from `ALL_ATTENTION_FUNCTIONS`; "sdpa" by default."""
+        """The line-of-code implementation by name, from `ALL_LINE_OF_CODE_FUNCTIONS`; "sdpa" by default."""
         name = "sdpa" if requested_attention is None else requested_attention
         line_of_code_function(name)  # refuses a name nobody registered
         return name
@@ -572,7 +621,7 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
     def check_config_matches_parameters(self) -> None:
         """Refuse a config edited after the model was built in a way its parameters cannot follow (e.g.
         `config.num_functions = 7`): the saved config would describe another model."""
-        self.config.validate_neural_interpreter()
+        self.config.validate()
         with torch.device("meta"):
             expected = type(self)(self.config, **self.construction_arguments()).state_dict()
         actual = self.state_dict()
@@ -799,7 +848,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             masks.append(mask if disabled else None)
         return masks
 
-    def function_iterations(self, num_function_iterations: int | Sequence[int] | None) -> list[int]:
+    def iterations_to_run(self, num_function_iterations: int | Sequence[int] | None) -> list[int]:
         """Function iterations to run per script: the config's, or fewer (or more) for anytime inference."""
         config = self.config
         iterations = (
@@ -815,6 +864,28 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 f"`num_function_iterations` must be a non-negative int or one per script ({config.num_scripts}), "
                 f"with at least one iteration in all, got {iterations}."
             )
+        return iterations
+
+    def run_scripts(
+        self,
+        hidden: torch.Tensor,
+        reads_patches: bool,
+        num_function_iterations: int | Sequence[int] | None,
+        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None,
+        loc_positions: torch.Tensor | None,
+        output_attentions: bool,
+    ) -> list[FunctionIteration]:
+        """Every script's function iterations in turn, through the LOC implementation looked up once."""
+        line_of_code = line_of_code_function(
+            "eager" if output_attentions else self.config._attn_implementation
+        )
+        masks = self.function_masks(disabled_functions, hidden.device)
+        iterations: list[FunctionIteration] = []
+        for script, num, mask in zip(
+            self.scripts, self.iterations_to_run(num_function_iterations), masks, strict=True
+        ):
+            iterations += script.run(hidden, num, line_of_code, reads_patches, mask, loc_positions)
+            hidden = iterations[-1].hidden_state if iterations else hidden
         return iterations
 
     @can_return_tuple
@@ -835,16 +906,11 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         Args:
             pixel_values: images (B, C, H, W) or patches (B, num_patches, patch_dim) from the image processor.
             inputs_embeds: a set of vectors (B, N_in, d), used as is (no patch embedding, no positions).
-            output_hidden_states: return the set before the first and after every function iteration.
-            output_routing: return the compatibilities C (B, U, N) and types of every function iteration.
-            num_function_iterations: run this many iterations per script (int or one per script) instead of the
-                config's: anytime inference.
-            disabled_functions: functions whose C_ui is forced to 0 before normalisation (indices for all scripts,
-                or a dict script -> indices).
+            output_hidden_states, output_routing, num_function_iterations (anytime inference),
+                disabled_functions, output_attentions: the routing options, as `RoutingKwargs` describes them;
+                with `output_attentions` every LOC runs the literal Eq. 6, whatever the implementation.
             loc_position_embeddings: (N_in, d) positions of the input elements, added to the stream inside every
                 LOC (`input_position_embedding_placement="every_loc"`); the task tokens get none.
-            output_attentions: return Eq. 6's attention weights (B, U, H, N, N) of every LOC of every function
-                iteration (the LOCs then run the literal form, whatever the attention implementation).
             check_finite: check the inputs and the output (default `self.checks_finite`); a head passes False and
                 checks them with its own, in one host sync.
         """
@@ -858,20 +924,16 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             [self.embed_task_tokens(embeddings.shape[0]).to(embeddings.dtype), embeddings], dim=1
         )
         loc_positions = self.loc_positions(loc_position_embeddings, embeddings)
-        line_of_code = line_of_code_function("eager" if output_attentions else config._attn_implementation)
-        masks = self.function_masks(disabled_functions, hidden.device)
-        iterations: list[FunctionIteration] = []
         first = hidden
-        iterations_per_script = self.function_iterations(num_function_iterations)
-        for script, num, mask in zip(self.scripts, iterations_per_script, masks, strict=True):
-            hidden, records = script.run(hidden, num, line_of_code, reads_patches, mask, loc_positions)
-            iterations += records
-        watching = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
-        peak = (
-            torch.stack([it.compatibilities.detach().amax() for it in iterations]).amax()
-            if watching
-            else None
+        iterations = self.run_scripts(
+            hidden,
+            reads_patches,
+            num_function_iterations,
+            disabled_functions,
+            loc_positions,
+            output_attentions,
         )
+        hidden, peak = iterations[-1].hidden_state, routing_peak(iterations)
         if self.checks_finite if check_finite is None else check_finite:
             names = ("pixel_values", "inputs_embeds", "loc_position_embeddings")
             inputs = dict(zip(names, (pixel_values, inputs_embeds, loc_position_embeddings), strict=True))
@@ -921,11 +983,7 @@ class NeuralInterpreterForImageClassification(TaskHeadsMixin, NeuralInterpreterP
         pixel_values: torch.Tensor | None = None,
         task_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_routing: bool = False,
-        num_function_iterations: int | Sequence[int] | None = None,
-        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
-        output_attentions: bool | None = None,
+        **routing: Unpack[RoutingKwargs],
     ) -> NeuralInterpreterImageClassifierOutput:
         r"""Logits of each sample's task head; the loss of `config.problem_type` when `labels` are given.
 
@@ -933,17 +991,13 @@ class NeuralInterpreterForImageClassification(TaskHeadsMixin, NeuralInterpreterP
             task_ids: (B,) index of each sample's task in `config.task_names` (default `config.default_task`).
             labels: (B,) class indices (cross-entropy); (B, num_labels) floats for multi-label classification or
                 regression, as in transformers' classifiers (`TaskHeadsMixin.classification_loss`).
-            Other arguments as in `NeuralInterpreterModel.forward`.
+            routing: the routing options (`RoutingKwargs`), handed to `NeuralInterpreterModel.forward`.
         """
         self.check_task_heads()
         outputs = self.neural_interpreter(
             pixel_values=pixel_values,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            output_routing=output_routing,
-            num_function_iterations=num_function_iterations,
-            disabled_functions=disabled_functions,
             check_finite=False,
+            **routing,
         )
         logits = self.task_logits(outputs.pooler_output, task_ids)
         labels = None if labels is None else torch.as_tensor(labels)
@@ -1001,13 +1055,12 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         self,
         inputs: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_routing: bool = False,
-        num_function_iterations: int | Sequence[int] | None = None,
-        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
-        output_attentions: bool | None = None,
+        **routing: Unpack[RoutingKwargs],
     ) -> NeuralInterpreterSetRegressionOutput:
-        r"""Predictions (B, T) from inputs (B, num_input_variables); MSE loss against labels (B, T)."""
+        r"""Predictions (B, T) from inputs (B, num_input_variables); MSE loss against labels (B, T).
+
+        The routing options (`RoutingKwargs`) are handed to `NeuralInterpreterModel.forward`.
+        """
         config = self.config
         check_tensor("inputs", inputs, "the input variables' values")
         if inputs.dim() != 2 or inputs.shape[1] != config.num_input_variables:
@@ -1019,12 +1072,8 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         outputs = self.neural_interpreter(
             inputs_embeds=embeds if every_loc else embeds + self.input_position_embeddings,
             loc_position_embeddings=self.input_position_embeddings if every_loc else None,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            output_routing=output_routing,
-            num_function_iterations=num_function_iterations,
-            disabled_functions=disabled_functions,
             check_finite=False,
+            **routing,
         )
         predictions = self.regressor(outputs.pooler_output).squeeze(-1)  # (B, T)
         if self.checks_finite:
@@ -1075,11 +1124,7 @@ class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
         self,
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_routing: bool = False,
-        num_function_iterations: int | Sequence[int] | None = None,
-        disabled_functions: Sequence[int] | dict[int, Sequence[int]] | None = None,
-        output_attentions: bool | None = None,
+        **routing: Unpack[RoutingKwargs],
     ) -> NeuralInterpreterMultipleChoiceOutput:
         r"""Scores (B, num_choices) of the candidates; cross-entropy against `labels` (B,), the correct ones.
 
@@ -1087,7 +1132,7 @@ class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
             pixel_values: (B, 16, 1, 80, 80) panels, the 8 context panels then the 8 candidates, from
                 `NeuralInterpreterPanelProcessor`.
             labels: (B,) index of each puzzle's correct candidate (-100: not counted).
-            Other arguments as in `NeuralInterpreterModel.forward`.
+            routing: the routing options (`RoutingKwargs`), handed to `NeuralInterpreterModel.forward`.
         """
         check_tensor("pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them")
         check_not_empty(pixel_values.shape[0])
@@ -1096,12 +1141,8 @@ class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
             inputs_embeds=PanelEmbedding.candidate_sets(
                 context, candidates
             ),  # candidates folded into the batch
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            output_routing=output_routing,
-            num_function_iterations=num_function_iterations,
-            disabled_functions=disabled_functions,
             check_finite=False,
+            **routing,
         )
         logits = self.scorer(outputs.pooler_output[:, 0]).view(candidates.shape[0], candidates.shape[1])
         labels = None if labels is None else torch.as_tensor(labels)
@@ -1120,11 +1161,13 @@ class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "ALL_LINE_OF_CODE_FUNCTIONS",
     "FunctionIteration",
     "LineOfCode",
     "ModLin",
     "ModMLP",
     "NeuralInterpreterAttentionInterface",
+    "NeuralInterpreterLineOfCodeInterface",
     "NeuralInterpreterForImageClassification",
     "NeuralInterpreterForMultipleChoice",
     "NeuralInterpreterForSetRegression",
@@ -1135,6 +1178,9 @@ __all__ = [
     "NeuralInterpreterPreTrainedModel",
     "NeuralInterpreterScript",
     "NeuralInterpreterSetRegressionOutput",
+    "RoutingKwargs",
+    "RoutingOutput",
+    "SetRegressionOutput",
     "eager_attention",
     "eager_line_of_code",
     "line_of_code_function",
