@@ -1,22 +1,56 @@
-"""examples/visualize_routing.py refuses a bad argument by name (exit status 2) before it draws anything."""
+"""examples/visualize_routing.py refuses a bad argument by name (exit status 2) before it writes anything."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import _scripts
+import numpy as np
 import pytest
+import torch
 from conftest import NeuralInterpreterModelTester
+from PIL import Image
+
+import ni_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 visualize_routing = _scripts.load_script(ROOT / "examples" / "visualize_routing.py", "visualize_routing")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def paths(tmp_path_factory) -> dict[str, Path]:
+    """A good image-classifier checkpoint, folders that are no such checkpoint, and files that are no images."""
+    root = tmp_path_factory.mktemp("ckpt")
     tester = NeuralInterpreterModelTester.digits_like(task_names=["mnist", "sklearn_digits"])
-    return tester.save_image_classifier(tmp_path_factory.mktemp("ckpt"))
+    good = tester.save_image_classifier(root / "good")
+    five = tester.get_config(num_labels=5, id2label={i: str(i) for i in range(5)})
+    found = {"checkpoint": good, "five_classes": tester.save_image_classifier(root / "five", five)}
+    for name, removed in (("no_config", "config.json"), ("no_processor", "preprocessor_config.json")):
+        found[name] = shutil.copytree(good, root / name)
+        (found[name] / removed).unlink()
+    found["no_weights"] = shutil.copytree(good, root / "no_weights")
+    (found["no_weights"] / "model.safetensors").unlink()
+    found["bad_json"] = shutil.copytree(good, root / "bad_json")
+    (found["bad_json"] / "config.json").write_text("{not json")
+    small = NeuralInterpreterModelTester()
+    torch.manual_seed(0)
+    found["pgm"] = root / "pgm"
+    ni_hf.NeuralInterpreterForMultipleChoice(small.get_pgm_config()).save_pretrained(found["pgm"])
+    found["set"] = root / "set"
+    set_config = small.get_set_regression_config(num_input_variables=5)
+    ni_hf.NeuralInterpreterForSetRegression(set_config).save_pretrained(found["set"])
+    found["a_file"] = root / "a_file"
+    found["a_file"].write_text("x")
+    found["not_an_image"] = root / "not_an_image.png"
+    found["not_an_image"].write_text("hello")
+    png = root / "digit.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)).save(png)
+    found["truncated"] = root / "truncated.png"
+    found["truncated"].write_bytes(png.read_bytes()[: len(png.read_bytes()) // 2])
+    found["digit"] = png
+    return found
 
 
 BAD_ARGUMENTS = [
@@ -28,6 +62,15 @@ BAD_ARGUMENTS = [
         r"--model runs/no-such-model: is no folder here \(.*runs/no-such-model\)",
     ),
     (["--model", "./no-such-model"], "--model ./no-such-model: no such directory"),
+    (["--model", "{no_config}"], "--model {no_config}: the folder holds no config.json"),
+    (["--model", "{bad_json}"], "--model {bad_json}: {bad_json}/config.json is not valid JSON"),
+    (["--model", "{no_weights}"], "--model {no_weights}: .*no file named model.safetensors"),
+    (["--model", "{no_processor}"], "--model {no_processor}: the folder holds no preprocessor_config.json"),
+    (["--model", "{pgm}"], "--model {pgm}: a NeuralInterpreterForMultipleChoice checkpoint"),
+    (["--model", "{set}"], "--model {set}: a NeuralInterpreterForSetRegression checkpoint"),
+    (["--model", "{five_classes}"], r"--dataset sklearn_digits: labels \[5, 6, 7, 8, 9\] are not classes"),
+    (["--output_dir", "{a_file}"], "--output_dir {a_file}: is a file"),
+    (["--disabled_functions", "1", "9"], r"--disabled_functions 9: the model has functions 0..2"),
     (["--dataset", "mnist", "--data_dir", "{empty}"], r"--data_dir {empty}: No local data for task 'mnist'"),
     (
         ["--dataset", "mnist", "--dataset_source", "sklearn"],
@@ -39,6 +82,20 @@ BAD_ARGUMENTS = [
     ),
     (["--dataset", "sklearn_digits", "--split", "validation"], "Unknown split 'validation'"),
     (["--dataset", "sklearn_digits", "--task", "svhn"], "--task 'svhn' is not one of the model's tasks"),
+    (["--images", "{digit}", "--max_samples", "2"], "--max_samples is for --dataset"),
+    (["--images", "{digit}", "--split", "test"], "--split is for --dataset"),
+    (
+        ["--images", "{digit}", "{empty}/missing.png"],
+        "--images {empty}/missing.png: cannot be read as an image",
+    ),
+    (
+        ["--images", "{not_an_image}"],
+        r"--images {not_an_image}: cannot be read as an image \(cannot identify",
+    ),
+    (
+        ["--images", "{digit}", "{truncated}"],
+        r"--images {truncated}: cannot be read as an image \(image file is truncated",
+    ),
 ]
 
 
@@ -46,30 +103,33 @@ def case_id(case) -> str:
     return " ".join(case[0])
 
 
+def filled(text: str, paths: dict[str, Path]) -> str:
+    for name, path in paths.items():
+        text = text.replace("{" + name + "}", str(path))
+    return text
+
+
 @pytest.mark.parametrize(("extra", "error"), BAD_ARGUMENTS, ids=[case_id(case) for case in BAD_ARGUMENTS])
-def test_a_bad_argument_is_refused_by_name(checkpoint, tmp_path, capsys, monkeypatch, extra, error):
+def test_a_bad_argument_is_refused_by_name(paths, tmp_path, capsys, monkeypatch, extra, error):
     monkeypatch.chdir(tmp_path)
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # a Hub id is not looked up
     empty = tmp_path / "empty"
     empty.mkdir()
-    extra = [value.replace("{empty}", str(empty)) for value in extra]
-    argv = [
-        "--model",
-        str(checkpoint),
-        "--dataset",
-        "sklearn_digits",
-        "--output_dir",
-        str(tmp_path / "out"),
-        *extra,
-    ]
+    paths = {**paths, "empty": empty}
+    extra = [filled(value, paths) for value in extra]
+    if "--images" in extra:
+        defaults = ["--model", str(paths["checkpoint"])]
+    else:
+        defaults = ["--model", str(paths["checkpoint"]), "--dataset", "sklearn_digits"]
+    argv = [*defaults, "--output_dir", str(tmp_path / "out"), *extra]
     with pytest.raises(SystemExit) as exit_info:
         visualize_routing.main(argv)
     message = capsys.readouterr().err + str(exit_info.value.code)
     assert exit_info.value.code == 2, message
-    assert re.search(error.replace("{empty}", str(empty)), message), message
-    assert not (tmp_path / "out" / "routing.json").exists()
+    assert re.search(filled(error, paths), message), message
+    assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
 def test_the_dataset_source_follows_data_dir_and_the_dataset():
