@@ -1,54 +1,32 @@
-"""The 8 candidates of a puzzle: its answer and 7 incorrect panels, each violating a triple."""
+"""The 8 candidates of a puzzle: the answer and 7 incorrect panels that say nothing without the context.
+
+The candidates cross 2, 4 or 8 values of the puzzle's attributes (I-RAVEN's attribute bisection tree, Hu et al.
+2021), each value other than the answer's drawn from the distribution the answer's own value has given the last
+context panel, and every candidate's objects are drawn on their own: no candidate is built from another's.
+``docs/pgm/generator.md`` (Candidates) says why and what remains.
+"""
 
 from __future__ import annotations
 
 import itertools
-import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from .rules import _LINE_TYPE, _POSITION, SET_RELATIONS, ObjectAttribute, Panel, Value, _satisfies
-from .sampling import _Frame, _realize
+from .rules import (
+    _NUMBER,
+    _SET_OPERATIONS,
+    _SET_UNION_MAX,
+    SET_RELATIONS,
+    ObjectAttribute,
+    Panel,
+    Value,
+    _satisfies,
+)
+from .sampling import _Frame, _realize, _set_splits, progression_steps
 
-_MAX_CANDIDATE_TRIES = 400
-_CANDIDATE_TRIES_BEFORE_FREE = 20
-_CROSSED_DESIGN_TRIES = 10
-
-
-def _current(frame: _Frame, spec: dict[ObjectAttribute, Value], key: ObjectAttribute) -> Value:
-    """The value of ``key`` in a panel: from its spec, else the held-constant one (as a set)."""
-    if key in spec:
-        return spec[key]
-    constant = frame.constants[key]
-    return constant if isinstance(constant, frozenset) else frozenset((constant,))
-
-
-def _mutate(
-    frame: _Frame, spec: dict[ObjectAttribute, Value], key: ObjectAttribute, rng: random.Random
-) -> dict[ObjectAttribute, Value]:
-    """A copy of ``spec`` with the value of ``key`` changed."""
-    value = _current(frame, spec, key)
-    domain = frame.domains[key]
-    changed = dict(spec)
-    if isinstance(value, int):
-        changed[key] = rng.choice([v for v in domain if v != value])
-    elif frame.relation.get(key) in SET_RELATIONS or (
-        key not in frame.relation and key in (_POSITION, _LINE_TYPE)
-    ):
-        inside = sorted(value)
-        outside = [v for v in domain if v not in value]
-        moves = (["add", "swap"] if outside else []) + (["remove"] if len(inside) > 1 else [])
-        move = rng.choice(moves)
-        new = set(value)
-        if move in ("remove", "swap"):
-            new.discard(rng.choice(inside))
-        if move in ("add", "swap"):
-            new.add(rng.choice(outside))
-        changed[key] = frozenset(new)
-    else:
-        (only,) = value
-        changed[key] = frozenset((rng.choice([v for v in domain if v != only]),))
-    return changed
+_DESIGN_TRIES = 12
+# Draws from the answer's distribution per attribute: enough to find 7 other values where they exist.
+_POOL_DRAWS = 40
 
 
 def _make_candidates(
@@ -58,92 +36,128 @@ def _make_candidates(
     answer_spec: dict[ObjectAttribute, Value],
     rng: random.Random,
 ) -> list[Panel] | None:
-    """The answer then 7 distinct incorrect candidates (None when too few could be made)."""
-    crossed = _crossed_candidates(frame, context, answer, answer_spec, rng)
-    return crossed if crossed is not None else _grown_candidates(frame, context, answer, answer_spec, rng)
-
-
-def _crossed_candidates(
-    frame: _Frame,
-    context: Sequence[Panel],
-    answer: Panel,
-    answer_spec: dict[ObjectAttribute, Value],
-    rng: random.Random,
-) -> list[Panel] | None:
-    """The answer then the 7 other crossings of 2, 4 or 8 values of the puzzle's attributes (8 in all)."""
-    keys = list(frame.relation)
-    # A set attribute gives 2**e values by toggling e elements, a one-valued one 2**e distinct values.
-    limits = [
-        3 if frame.relation[k] in SET_RELATIONS else min(3, int(math.log2(len(frame.domains[k]))))
-        for k in keys
-    ]
-    exponents = [e for e in itertools.product(*(range(n + 1) for n in limits)) if sum(e) == 3]
-    if not exponents:
+    """The answer then 7 distinct incorrect candidates (None when no design could be realised)."""
+    pools = {key: _alternatives(frame, key, answer_spec[key], context[7], rng) for key in frame.relation}
+    designs = _designs([len(pool) for pool in pools.values()])
+    if not designs:
         return None
-    for _ in range(_CROSSED_DESIGN_TRIES):
-        factors: list[tuple[ObjectAttribute, list[Value]]] = []
-        for key, e in zip(keys, rng.choice(exponents), strict=True):
-            if e == 0:
-                continue
-            value, domain = answer_spec[key], frame.domains[key]
-            if isinstance(value, int):
-                options: list[Value] = [value, *rng.sample([v for v in domain if v != value], 2**e - 1)]
-            elif frame.relation[key] in SET_RELATIONS:
-                toggles = rng.sample(domain, e)
-                options = [
-                    value ^ frozenset(t for j, t in enumerate(toggles) if mask >> j & 1)
-                    for mask in range(2**e)
-                ]
-            else:
-                (only,) = value
-                options = [
-                    value,
-                    *(frozenset((v,)) for v in rng.sample([v for v in domain if v != only], 2**e - 1)),
-                ]
-            factors.append((key, options))
-        if any(isinstance(v, frozenset) and not v for _, options in factors for v in options):
-            continue
+    for _ in range(_DESIGN_TRIES):
+        factors = [
+            (key, [answer_spec[key], *pools[key][: 2**exponent - 1]])
+            for key, exponent in zip(pools, rng.choice(designs), strict=True)
+            if exponent
+        ]
         panels = [answer]
-        for combination in itertools.islice(itertools.product(*(o for _, o in factors)), 1, None):
+        for combination in itertools.islice(itertools.product(*(values for _, values in factors)), 1, None):
             spec = dict(answer_spec)
-            spec.update(zip((k for k, _ in factors), combination, strict=True))
-            panel = _realize(frame, spec, rng, answer)
-            if panel is None or _satisfies(frame.triples, context, panel):
+            spec.update(zip((key for key, _ in factors), combination, strict=True))
+            panel = _realize(frame, spec, rng)
+            if panel is None or panel in panels or _satisfies(frame.triples, context, panel):
                 break
             panels.append(panel)
         if len(panels) == 8:
             return panels
+        # Another try takes other values where the pools have more.
+        pools = {key: _rotate(pool, rng) for key, pool in pools.items()}
     return None
 
 
-def _grown_candidates(
-    frame: _Frame,
-    context: Sequence[Panel],
-    answer: Panel,
-    answer_spec: dict[ObjectAttribute, Value],
-    rng: random.Random,
-) -> list[Panel] | None:
-    """The answer then 7 distinct incorrect candidates grown from it as a tree (None when too few were made)."""
-    pool = [(answer_spec, answer)]
-    seen = {frozenset(answer_spec.items())}
-    drawn = {answer}
-    relational = list(frame.relation)
-    free = frame.free_attributes()
-    for tries in range(_MAX_CANDIDATE_TRIES):
-        if len(pool) == 8:
-            return [panel for _, panel in pool]
-        spec, panel = pool[rng.randrange(len(pool))]
-        changed = _mutate(frame, spec, relational[rng.randrange(len(relational))], rng)
-        if tries >= _CANDIDATE_TRIES_BEFORE_FREE and free:
-            changed = _mutate(frame, changed, free[rng.randrange(len(free))], rng)
-        key = frozenset(changed.items())
-        if key in seen:
-            continue
-        seen.add(key)
-        candidate = _realize(frame, changed, rng, panel)
-        # Specs differ but panels can match, when a change brought a held-constant value back.
-        if candidate is None or candidate in drawn or _satisfies(frame.triples, context, candidate):
-            continue
-        drawn.add(candidate)
-        pool.append((changed, candidate))
-    return [panel for _, panel in pool] if len(pool) == 8 else None
+def _designs(capacities: Sequence[int]) -> list[tuple[int, ...]]:
+    """Exponents (e_k) with sum 3 such that attribute k has 2**e_k - 1 other values: 8 crossings in all."""
+    limits = [min(3, (capacity + 1).bit_length() - 1) for capacity in capacities]
+    return [e for e in itertools.product(*(range(n + 1) for n in limits)) if sum(e) == 3]
+
+
+def _rotate(pool: list[Value], rng: random.Random) -> list[Value]:
+    """The pool with one of its first 7 values moved to the end (the next design try draws others)."""
+    if len(pool) <= 1:
+        return pool
+    i = rng.randrange(min(7, len(pool)))
+    return [*pool[:i], *pool[i + 1 :], pool[i]]
+
+
+def _alternatives(
+    frame: _Frame, key: ObjectAttribute, answer: Value, last: Panel, rng: random.Random
+) -> list[Value]:
+    """Other values for ``key``, best first; none equals the answer or the last context panel's value.
+
+    First values drawn as the answer's own is, given the last context panel ``v8`` (progression: ``v8 + d`` for
+    every step ``d`` that fits; consistent union: any value; set relations: ``v7' op v8`` for fresh seventh
+    panels ``v7'``), in random order; then values at the distances from ``v8`` those have (``v8 - d``, then the
+    other values by distance; sets: ``v8`` with as many random elements toggled); last, for a one-valued
+    relation, two values at once (a panel whose objects show two).
+    """
+    relation, domain = frame.relation[key], frame.domains[key]
+    last_value = last.attributes[key]
+    excluded = {answer, last_value}
+    if relation in SET_RELATIONS:
+        union_max = min(_SET_UNION_MAX[key], len(domain))
+        conditional = _distinct_draws(
+            lambda: _third_set(relation, domain, union_max, last_value, rng), excluded
+        )
+        distances = [len(v ^ last_value) for v in (answer, *conditional)]
+        mirrored = _distinct_draws(
+            lambda: _set_at_distance(domain, union_max, last_value, rng.choice(distances), rng),
+            excluded | set(conditional),
+        )
+        return conditional + mirrored
+    position = domain.index(last_value if isinstance(last_value, int) else min(last_value))
+    if relation == "progression":
+        reach = [
+            position + d
+            for d in progression_steps(len(domain))
+            if 0 <= position - d and position + d < len(domain)
+        ]
+    else:
+        reach = list(range(len(domain)))
+    first = rng.sample(reach, len(reach))
+    rest = sorted(
+        (i for i in range(len(domain)) if i not in reach), key=lambda i: (abs(i - position), rng.random())
+    )
+    values = [v for v in (_as_value(key, domain[i]) for i in first + rest) if v not in excluded]
+    if key != _NUMBER:
+        pairs = [frozenset(pair) for pair in itertools.combinations(domain, 2)]
+        values += rng.sample(pairs, len(pairs))
+    return values
+
+
+def _as_value(key: ObjectAttribute, value: int) -> Value:
+    """A one-valued attribute's value as a panel shows it: a count for number, else a one-element set."""
+    return value if key == _NUMBER else frozenset((value,))
+
+
+def _distinct_draws(draw: Callable[[], Value | None], excluded: set[Value]) -> list[Value]:
+    """Up to 7 distinct values from ``_POOL_DRAWS`` calls of ``draw`` (None skipped), none in ``excluded``."""
+    values: list[Value] = []
+    for _ in range(_POOL_DRAWS):
+        value = draw()
+        if value is not None and value not in excluded and value not in values:
+            values.append(value)
+            if len(values) == 7:
+                break
+    return values
+
+
+def _third_set(
+    relation: str, domain: tuple[int, ...], union_max: int, last: frozenset[int], rng: random.Random
+) -> frozenset[int] | None:
+    """``v7 op last`` for a seventh panel ``v7`` drawn as the generator draws it beside ``last`` (None: none fits)."""
+    outside = [v for v in domain if v not in last]
+    fitting = [
+        (a, c)
+        for a, b, c, _ in _set_splits(len(domain), union_max, relation)
+        if b + c == len(last) and a <= len(outside)
+    ]
+    if not fitting:
+        return None
+    a, c = rng.choice(fitting)
+    seventh = frozenset(rng.sample(sorted(last), c) + rng.sample(outside, a))
+    return _SET_OPERATIONS[relation](seventh, last)
+
+
+def _set_at_distance(
+    domain: tuple[int, ...], union_max: int, last: frozenset[int], distance: int, rng: random.Random
+) -> frozenset[int] | None:
+    """``last`` with ``distance`` random elements of ``domain`` toggled (None when empty or too large)."""
+    value = last ^ frozenset(rng.sample(domain, min(distance, len(domain))))
+    return value if value and len(value) <= union_max else None

@@ -58,6 +58,12 @@ class _Frame:
         return free
 
 
+@cache
+def progression_steps(count: int) -> tuple[int, ...]:
+    """The steps a progression over ``count`` values takes: 1-4, leaving two starts for the complete rows."""
+    return tuple(d for d in range(1, 5) if count - 2 * d >= 2)
+
+
 def _sample_scalars(
     relation: str, domain: tuple[int, ...], rng: random.Random, need: Sequence[int] | None = None
 ) -> list[int] | None:
@@ -65,7 +71,10 @@ def _sample_scalars(
     need = need or (0,) * 9
     if relation == "progression":
         count = len(domain)
-        step = rng.choice([d for d in (1, 2) if count - 2 * d >= 2])
+        steps = progression_steps(count)
+        # Steps weighted by their number of starts: every (start, step) of a row is equally likely, so that
+        # given its middle value a row's last value is equally likely to be any that a step reaches.
+        step = rng.choices(steps, [count - 2 * d for d in steps])[0]
         starts = [
             [
                 p
