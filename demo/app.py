@@ -10,7 +10,9 @@ which function takes which patch at which iteration update at once.
 
 Runs on a CPU. Without --model / NI_DEMO_MODEL it uses runs/quickstart, the model of the README's quickstart command,
 and runs that command first when the folder holds no model (demo/quickstart.py, a few minutes on 2 cores). A
-checkpoint whose weights do not fit a Neural Interpreter is refused (--allow_mismatched_weights shows it anyway).
+checkpoint whose weights do not fit a Neural Interpreter is refused (--allow_mismatched_weights shows it anyway), and
+so is one whose weights differ from their recorded SHA-256. An uploaded or drawn digit is framed as the chosen task's
+training digits are (``FRAMES``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -58,8 +60,31 @@ def resolve_model(model: str | None) -> tuple[str, str]:
     )
 
 
-def prepare_digit(image: Image.Image) -> Image.Image:
-    """Grey, light digit on a black background (inverted when the background is light), cropped square around the ink."""
+class DigitFrame(NamedTuple):
+    """How a task's training digits are framed: the frame's side over the ink box's longer side (the ink: pixels above
+    a quarter of the brightest), and the frame's side in pixels (None: any)."""
+
+    scale: float
+    size: int | None = None
+
+
+# The median over each task's training images, measured by tests/test_demo.py: scikit-learn's 8x8 digits fill their
+# frame; MNIST centres a 20-pixel box in 28 pixels; MNIST-M is MNIST's digits padded to 32 pixels.
+FRAMES: dict[str, DigitFrame] = {
+    "sklearn_digits": DigitFrame(1.0, 8),
+    "mnist": DigitFrame(1.4, 28),
+    "mnistm": DigitFrame(1.6, 32),
+}
+DEFAULT_FRAME = DigitFrame(
+    FRAMES["mnist"].scale
+)  # a task not listed: MNIST's framing, at the image's resolution
+
+
+def prepare_digit(image: Image.Image, frame: DigitFrame = DEFAULT_FRAME) -> Image.Image:
+    """Grey, light digit on a black background (inverted when the background is light), cropped to a square
+    ``frame.scale`` times its ink box around it and sized ``frame.size``, as a task's training digits are (``FRAMES``)."""
+    if not frame.scale > 0 or (frame.size is not None and frame.size < 1):
+        raise ValueError(f"frame: expected a positive scale and size, got {frame}.")
     grey = np.asarray(image.convert("L"), dtype=np.float32)
     if image.mode in ("RGBA", "LA") and np.asarray(image.getchannel("A")).min() < 255:
         # a drawing: strokes on a transparent canvas; the ink is where alpha is
@@ -75,10 +100,14 @@ def prepare_digit(image: Image.Image) -> Image.Image:
     out = Image.fromarray(grey.clip(0, 255).astype(np.uint8))
     if len(ink):
         (top, left), (bottom, right) = ink.min(0), ink.max(0) + 1
-        side = int(max(bottom - top, right - left) * 1.3) + 1
+        side = max(1, round(max(bottom - top, right - left) * frame.scale))
         cy, cx = (top + bottom) // 2, (left + right) // 2
-        box = (cx - side // 2, cy - side // 2, cx - side // 2 + side, cy - side // 2 + side)
-        out = ImageOps.pad(out.crop(box), (side, side), color=0)
+        out = out.crop((cx - side // 2, cy - side // 2, cx - side // 2 + side, cy - side // 2 + side))
+    if frame.size is not None and out.size != (frame.size, frame.size):
+        # to the training digits' own resolution first: the processor then resizes it as it resized them
+        out = out.resize(
+            (frame.size, frame.size), Image.Resampling.BOX if out.width > frame.size else Image.BILINEAR
+        )
     return out
 
 
@@ -109,7 +138,7 @@ class InterpreterDemo:
         unknown = [name for name in switched_off if name not in functions]
         if unknown:
             raise ValueError(f"switched_off: {unknown} are not among {functions}.")
-        digit = prepare_digit(image)
+        digit = prepare_digit(image, FRAMES.get(task, DEFAULT_FRAME))
         pixels = self.processor(images=[digit], return_tensors="pt")["pixel_values"]
         off = sorted(int(name.split()[-1]) for name in switched_off)
         trace = vis.trace_routing(
