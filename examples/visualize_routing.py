@@ -140,23 +140,23 @@ def check_checkpoint_config(path: str, option: str = "--model") -> None:
             )
 
 
-def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
+def load_model(name: str, allow_mismatched_weights: bool = False) -> tuple[Any, Any]:
     """--model's image classifier and its image processor; what cannot be read is an error naming --model."""
-    path = check_model_path(args.model, "--model")
+    path = check_model_path(name, "--model")
     check_checkpoint_config(path)
     try:
-        model = load_checked(MODEL_CLASS, path, args.allow_mismatched_weights, option="--model").eval()
+        model = load_checked(MODEL_CLASS, path, allow_mismatched_weights, option="--model").eval()
     except OSError as error:  # no weights file, or a Hub id that cannot be reached
-        raise ValueError(f"--model {args.model}: {error}") from error
+        raise ValueError(f"--model {name}: {error}") from error
     if Path(path).is_dir() and not (Path(path) / "preprocessor_config.json").is_file():
         raise ValueError(
-            f"--model {args.model}: the folder holds no preprocessor_config.json; save the image processor the "
+            f"--model {name}: the folder holds no preprocessor_config.json; save the image processor the "
             "model was trained with beside it (NeuralInterpreterImageProcessor(...).save_pretrained(folder))."
         )
     try:
         processor = ni_hf.NeuralInterpreterImageProcessor.from_pretrained(path)
     except OSError as error:
-        raise ValueError(f"--model {args.model}: no image processor could be read ({error})") from error
+        raise ValueError(f"--model {name}: no image processor could be read ({error})") from error
     return model, processor
 
 
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
     with exit_on_bad_arguments():
         output_dir = check_output_dir(args.output_dir)
         source = None if args.images else dataset_source(args)
-        model, processor = load_model(args)
+        model, processor = load_model(args.model, args.allow_mismatched_weights)
         task_id = model_task_id(model.config, args.task, args.dataset)
         check_disabled_functions(args.disabled_functions, model.config)
         inputs = load_inputs(args, source, model.config.num_labels)

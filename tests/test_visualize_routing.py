@@ -1,4 +1,5 @@
-"""examples/visualize_routing.py refuses a bad argument by name (exit status 2) before it writes anything."""
+"""examples/visualize_routing.py and make_readme_figure.py refuse a bad argument by name (exit status 2) before they
+write anything."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import ni_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 visualize_routing = _scripts.load_script(ROOT / "examples" / "visualize_routing.py", "visualize_routing")
+make_readme_figure = _scripts.load_script(ROOT / "examples" / "make_readme_figure.py", "make_readme_figure")
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +144,30 @@ def test_the_dataset_source_follows_data_dir_and_the_dataset():
     assert source("--dataset", "mnist") == "hub"
     assert source("--dataset", "mnist", "--data_dir", "d") == "local"
     assert source("--dataset", "mnist", "--dataset_source", "sklearn") == "sklearn"
+
+
+README_FIGURE_REFUSALS = [
+    (["--index", "360"], r"--index 360: the test split has 360 images \(0..359\)"),
+    (["--model", "{pgm}"], "--model {pgm}: a NeuralInterpreterForMultipleChoice checkpoint"),
+    (["--model", "{no_config}"], "--model {no_config}: the folder holds no config.json"),
+    (
+        ["--model", "{other_tasks}"],
+        r"--model {other_tasks}: its tasks \['a', 'b'\] do not include sklearn_digits",
+    ),
+    (["--output_dir", "{a_file}"], "--output_dir {a_file}: is a file"),
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"), README_FIGURE_REFUSALS, ids=[case_id(case) for case in README_FIGURE_REFUSALS]
+)
+def test_make_readme_figure_refuses_a_bad_argument_by_name(paths, tmp_path, capsys, extra, error):
+    other_tasks = NeuralInterpreterModelTester.digits_like(task_names=["a", "b"])
+    paths = {**paths, "other_tasks": other_tasks.save_image_classifier(tmp_path / "other_tasks")}
+    argv = ["--model", str(paths["checkpoint"]), "--output_dir", str(tmp_path / "out"), *extra]
+    with pytest.raises(SystemExit) as exit_info:
+        make_readme_figure.main([filled(value, paths) for value in argv])
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2, message
+    assert re.search(filled(error, paths), message), message
+    assert not (tmp_path / "out").exists()
