@@ -18,6 +18,7 @@ MODELS = Path(__file__).resolve().parents[1] / "src" / "ni_hf" / "models"
 ORIGINALS = MODELS / "neural_interpreter"
 COPIES = {
     "multitask_vit": ("configuration_checks", "modeling_checks", "panel_embedding", "task_heads"),
+    "context_blind": ("configuration_checks", "modeling_checks", "panel_embedding", "task_heads"),
 }
 
 

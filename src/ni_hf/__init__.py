@@ -12,6 +12,11 @@ from transformers import (
 )
 
 from .kernels import fast_line_of_code  # noqa: F401  (registers attn_implementation="fast")
+from .models.context_blind.configuration_context_blind import ContextBlindConfig
+from .models.context_blind.modeling_context_blind import (
+    ContextBlindForMultipleChoice,
+    ContextBlindPreTrainedModel,
+)
 from .models.multitask_vit.configuration_multitask_vit import MULTITASK_VIT_PRESETS, MultiTaskViTConfig
 from .models.multitask_vit.modeling_multitask_vit import (
     MultiTaskViTForImageClassification,
@@ -81,6 +86,9 @@ AutoModelForMultipleChoice.register(MultiTaskViTConfig, MultiTaskViTForMultipleC
 AutoImageProcessor.register(
     "neural_interpreter_pgm", image_processor_classes={"pil": NeuralInterpreterPanelProcessor}, exist_ok=True
 )
+# The context-blind PGM baseline reads the same panels (through its own multiple-choice class only).
+AutoConfig.register(ContextBlindConfig.model_type, ContextBlindConfig, exist_ok=True)
+AutoModelForMultipleChoice.register(ContextBlindConfig, ContextBlindForMultipleChoice, exist_ok=True)
 # `pipeline()` also looks for a video processor, and transformers infers one from the image processor's `auto_map`
 # (`...NeuralInterpreterVideoProcessor`, which does not exist). With no local entry that lookup asks on stdin
 # whether to run the checkpoint's code; this entry, empty, says there is no video processor, so it fails quietly.
@@ -104,9 +112,14 @@ MultiTaskViTConfig.register_for_auto_class()
 MultiTaskViTModel.register_for_auto_class("AutoModel")
 MultiTaskViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
 MultiTaskViTForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
+ContextBlindConfig.register_for_auto_class()
+ContextBlindForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "ContextBlindConfig",
+    "ContextBlindForMultipleChoice",
+    "ContextBlindPreTrainedModel",
     "ALL_LINE_OF_CODE_FUNCTIONS",
     "NeuralInterpreterAttentionInterface",
     "NeuralInterpreterLineOfCodeInterface",
