@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from ni_hf.data import pgm_generator as pgm
-from ni_hf.data.pgm_generator import generator, rules
 from ni_hf.data.pgm_generator import (
     ATTRIBUTE_PAIRS,
+    FREE_ATTRIBUTES,
     HELD_OUT_ATTRIBUTE_PAIRS,
     HELD_OUT_TRIPLE_PAIRS,
     HELD_OUT_TRIPLES,
@@ -27,9 +27,11 @@ from ni_hf.data.pgm_generator import (
     Shape,
     encode_triples,
     generate_puzzle,
+    generator,
     puzzle_structure,
     relation_holds,
     render_panels,
+    rules,
     satisfies,
     value_domain,
 )
@@ -38,14 +40,19 @@ PUZZLES_PER_SPLIT = {"train": 100, "val": 50, "test": 100}
 
 
 @functools.cache
-def _structures(regime: str, split: str) -> tuple[pgm.PuzzleStructure, ...]:
+def _structures(
+    regime: str, split: str, free_attributes: str = "constant"
+) -> tuple[pgm.PuzzleStructure, ...]:
     """The first puzzles of a regime's split (seed 0), generated once for all tests."""
-    return tuple(puzzle_structure(regime, split, i) for i in range(PUZZLES_PER_SPLIT[split]))
+    return tuple(
+        puzzle_structure(regime, split, i, free_attributes=free_attributes)
+        for i in range(PUZZLES_PER_SPLIT[split])
+    )
 
 
-def _all_puzzles(regime: str):
+def _all_puzzles(regime: str, free_attributes: str = "constant"):
     """(split, structure) for the cached puzzles of every split of a regime."""
-    return [(split, s) for split in SPLITS for s in _structures(regime, split)]
+    return [(split, s) for split in SPLITS for s in _structures(regime, split, free_attributes)]
 
 
 def _object_attributes(structure: pgm.PuzzleStructure) -> set[tuple[str, str]]:
@@ -144,10 +151,11 @@ def test_relation_holds_follows_the_definitions():
     assert not relation_holds(("shape", "color", "progression"), [two_colours] * 9)
 
 
-def test_correct_candidate_satisfies_every_relation_and_no_other_does():
+@pytest.mark.parametrize("free_attributes", FREE_ATTRIBUTES)
+def test_correct_candidate_satisfies_every_relation_and_no_other_does(free_attributes):
     sizes = set()
     for regime in REGIMES:
-        for _, structure in _all_puzzles(regime):
+        for _, structure in _all_puzzles(regime, free_attributes):
             verdicts = [satisfies(structure, candidate) for candidate in structure.candidates]
             assert verdicts == [i == structure.target for i in range(8)], (regime, structure.triples)
             assert len(set(structure.candidates)) == 8
@@ -155,9 +163,10 @@ def test_correct_candidate_satisfies_every_relation_and_no_other_does():
     assert sizes == {1, 2, 3, 4}
 
 
-def test_no_spurious_relation_on_the_complete_rows():
+@pytest.mark.parametrize("free_attributes", FREE_ATTRIBUTES)
+def test_no_spurious_relation_on_the_complete_rows(free_attributes):
     for regime in ("neutral", "interpolation", "attr.rels"):
-        for _, structure in _all_puzzles(regime):
+        for _, structure in _all_puzzles(regime, free_attributes):
             matrix = structure.matrix()
             for triple in TRIPLES:
                 holds = relation_holds(triple, matrix, rows=(0, 1))
@@ -178,18 +187,27 @@ def test_every_kind_of_structure_can_be_generated():
             assert satisfies(structure, structure.answer)
 
 
-def test_the_mode_of_the_candidates_does_not_reveal_the_answer():
-    keys = pgm.OBJECT_ATTRIBUTES
-    accuracy = 0.0
-    structures = [s for split in ("train", "test") for s in _structures("neutral", split)]
-    for structure in structures:
-        values = [[c.attributes[k] for k in keys] for c in structure.candidates]
-        shared = [
-            sum(v == w for other in values for v, w in zip(mine, other, strict=True)) for mine in values
-        ]
-        best = [i for i, x in enumerate(shared) if x == max(shared)]
-        accuracy += (structure.target in best) / len(best)
-    assert accuracy / len(structures) < 0.2  # chance is 0.125
+def test_free_attributes_are_constant_or_vary_at_random():
+    """Attributes in no triple: one value over the 8 context panels when constant, several when random."""
+    shown = {mode: [] for mode in FREE_ATTRIBUTES}
+    for mode in FREE_ATTRIBUTES:
+        for structure in _structures("neutral", "train", mode):
+            for key in pgm.OBJECT_ATTRIBUTES:
+                if key in _object_attributes(structure) or key[0] not in {t[0] for t in structure.triples}:
+                    continue
+                if key in (("shape", "number"), ("shape", "position")) and _object_attributes(structure) & {
+                    ("shape", "number"),
+                    ("shape", "position"),
+                }:
+                    continue  # positions follow the number, the number the positions
+                values = {panel.attributes[key] for panel in (*structure.context, *structure.candidates)}
+                shown[mode].append(len(values))
+    assert shown["constant"] and set(shown["constant"]) == {1}
+    assert sum(n > 1 for n in shown["random"]) > 0.9 * len(shown["random"])
+    # The same triples either way: the option changes the panels, not the puzzle's structure.
+    assert [s.triples for s in _structures("neutral", "train", "random")] == [
+        s.triples for s in _structures("neutral", "train")
+    ]
 
 
 def test_targets_cover_all_eight_positions():
@@ -229,9 +247,10 @@ def test_held_out_attribute_regimes(regime, key):
         assert (key in _object_attributes(structure)) == (split == "test"), (split, structure.triples)
 
 
+@pytest.mark.parametrize("free_attributes", FREE_ATTRIBUTES)
 @pytest.mark.parametrize("regime", ["interpolation", "extrapolation"])
-def test_color_and_size_values_stay_in_their_split(regime):
-    for split, structure in _all_puzzles(regime):
+def test_color_and_size_values_stay_in_their_split(regime, free_attributes):
+    for split, structure in _all_puzzles(regime, free_attributes):
         assert _object_attributes(structure) & {("shape", "color"), ("shape", "size"), ("line", "color")}
         allowed = set(value_domain("shape", "color", regime, split))
         for panel in (*structure.context, *structure.candidates):
@@ -373,6 +392,13 @@ def test_bad_arguments_name_what_was_expected():
         generate_puzzle(index=-1)
     with pytest.raises(ValueError, match="seed must be an integer >= 0"):
         generate_puzzle(seed=-1)
+    for bad in ("constants", None, 1):
+        with pytest.raises(ValueError, match=r"free_attributes must be one of \('constant', 'random'\)"):
+            generate_puzzle(free_attributes=bad)
+        with pytest.raises(ValueError, match="free_attributes must be one of"):
+            PGMGenerator(free_attributes=bad)
+    with pytest.raises(ValueError, match="with_relations must be True or False, got 'yes'"):
+        PGMGenerator(with_relations="yes")
     with pytest.raises(ValueError, match="unknown regime"):
         PGMGenerator(regime="attr.rel")
     with pytest.raises(ValueError, match="num_puzzles must be an integer >= 1"):

@@ -79,13 +79,13 @@ def _rotate(pool: list[Value], rng: random.Random) -> list[Value]:
 def _alternatives(
     frame: _Frame, key: ObjectAttribute, answer: Value, last: Panel, rng: random.Random
 ) -> list[Value]:
-    """Other values for ``key``, best first; none equals the answer or the last context panel's value.
+    """Other values than the answer's for ``key``, best first.
 
     First values drawn as the answer's own is, given the last context panel ``v8`` (progression: ``v8 + d`` for
     every step ``d`` that fits; consistent union: any value; set relations: ``v7' op v8`` for fresh seventh
     panels ``v7'``), in random order; then values at the distances from ``v8`` those have (``v8 - d``, then the
     other values by distance; sets: ``v8`` with as many random elements toggled); last, for a one-valued
-    relation, two values at once (a panel whose objects show two).
+    relation, ``v8`` itself, then two values at once (a panel whose objects show two).
     """
     relation, domain = frame.relation[key], frame.domains[key]
     last_value = last.attributes[key]
@@ -115,6 +115,8 @@ def _alternatives(
         (i for i in range(len(domain)) if i not in reach), key=lambda i: (abs(i - position), rng.random())
     )
     values = [v for v in (_as_value(key, domain[i]) for i in first + rest) if v not in excluded]
+    # Where the values run out, the last panel's own: a candidate set missing exactly it would point at it.
+    values.append(last_value)
     if key != _NUMBER:
         pairs = [frozenset(pair) for pair in itertools.combinations(domain, 2)]
         values += rng.sample(pairs, len(pairs))

@@ -11,6 +11,7 @@ import numpy as np
 from .candidates import _make_candidates
 from .rendering import render_panels
 from .rules import (
+    FREE_ATTRIBUTES,
     OBJECT_ATTRIBUTES,
     REGIMES,
     SPLITS,
@@ -18,6 +19,8 @@ from .rules import (
     PuzzleStructure,
     Triple,
     _allowed_structures,
+    _check_bool,
+    _check_choice,
     _check_int,
     _check_max_triples,
     _check_regime_split,
@@ -30,11 +33,23 @@ _MAX_MATRIX_ATTEMPTS = 200
 
 
 def puzzle_structure(
-    regime: str = "neutral", split: str = "train", index: int = 0, seed: int = 0, max_triples: int = 4
+    regime: str = "neutral",
+    split: str = "train",
+    index: int = 0,
+    seed: int = 0,
+    max_triples: int = 4,
+    *,
+    free_attributes: str = "constant",
 ) -> PuzzleStructure:
-    """The symbolic puzzle ``index`` of ``(regime, split, seed)``: what ``generate_puzzle`` renders."""
+    """The symbolic puzzle ``index`` of ``(regime, split, seed)``: what ``generate_puzzle`` renders.
+
+    ``free_attributes``: ``"constant"`` holds the attributes in no triple fixed over the nine panels and the
+    candidates, ``"random"`` draws them at random for every object (Barrett et al.'s distractors); the
+    puzzle's triples do not depend on it.
+    """
     _check_regime_split(regime, split)
     max_triples = _check_max_triples(regime, max_triples)
+    free_attributes = _check_choice("free_attributes", free_attributes, FREE_ATTRIBUTES)
     index = _check_int("index", index, 0)
     seed = _check_int("seed", seed, 0)
     state = np.random.SeedSequence([seed, REGIMES.index(regime), SPLITS.index(split), index]).generate_state(
@@ -45,7 +60,7 @@ def puzzle_structure(
     group = groups[rng.randrange(len(groups))]
     triples = group[rng.randrange(len(group))]
     domains = {(o, a): value_domain(o, a, regime, split) for o, a in OBJECT_ATTRIBUTES}
-    structure = _generate(triples, domains, rng)
+    structure = _generate(triples, domains, rng, free_attributes)
     if structure is None:
         raise RuntimeError(
             f"could not generate a puzzle for {triples} ({regime}, {split}, index {index}, seed {seed})"
@@ -54,10 +69,13 @@ def puzzle_structure(
 
 
 def _generate(
-    triples: tuple[Triple, ...], domains: dict[ObjectAttribute, tuple[int, ...]], rng: random.Random
+    triples: tuple[Triple, ...],
+    domains: dict[ObjectAttribute, tuple[int, ...]],
+    rng: random.Random,
+    free_attributes: str = "constant",
 ) -> PuzzleStructure | None:
     """A puzzle of the structure ``triples`` with values in ``domains`` (None when attempts run out)."""
-    frame = _Frame(triples, domains)
+    frame = _Frame(triples, domains, free_attributes)
     for _ in range(_MAX_MATRIX_ATTEMPTS):
         specs = _sample_specs(frame, rng)
         if specs is None:
@@ -88,16 +106,19 @@ def generate_puzzle(
     max_triples: int = 4,
     *,
     with_relations: bool = True,
+    free_attributes: str = "constant",
 ) -> dict[str, Any]:
     """Puzzle ``index`` of ``(regime, split, seed)`` as a dict in DeepMind's PGM schema.
 
     Keys: ``panels`` (16, panel_size, panel_size) uint8, ``target`` (int, 0-7), ``meta_target`` (12,) uint8,
     ``relation_structure_encoded`` (4, 12) uint8 and, with ``with_relations``, the generator-only ``relations``
-    (the puzzle's (object, attribute, relation) triples; absent from DeepMind's files).
+    (the puzzle's (object, attribute, relation) triples; absent from DeepMind's files). ``free_attributes``: see
+    ``puzzle_structure``.
     """
     _check_regime_split(regime, split)
     panel_size = _check_int("panel_size", panel_size, 16)
-    structure = puzzle_structure(regime, split, index, seed, max_triples)
+    with_relations = _check_bool("with_relations", with_relations)
+    structure = puzzle_structure(regime, split, index, seed, max_triples, free_attributes=free_attributes)
     panels = render_panels((*structure.context, *structure.candidates), panel_size)
     meta_target, encoded = encode_triples(structure.triples)
     puzzle: dict[str, Any] = {
@@ -114,8 +135,9 @@ def generate_puzzle(
 class PGMGenerator:
     """``num_puzzles`` generated puzzles of a regime's split, indexable like a map-style dataset.
 
-    Item ``i`` is ``generate_puzzle(regime, split, i, seed, panel_size, max_triples)``; ``relations`` is left out
-    by default (``with_relations=False``) because torch's default collate cannot stack lists of varying length.
+    Item ``i`` is ``generate_puzzle(regime, split, i, seed, panel_size, max_triples, free_attributes=...)``;
+    ``relations`` is left out by default (``with_relations=False``) because torch's default collate cannot stack
+    lists of varying length.
     """
 
     def __init__(
@@ -128,6 +150,7 @@ class PGMGenerator:
         max_triples: int = 4,
         *,
         with_relations: bool = False,
+        free_attributes: str = "constant",
     ) -> None:
         _check_regime_split(regime, split)
         self.regime = regime
@@ -136,7 +159,8 @@ class PGMGenerator:
         self.seed = _check_int("seed", seed, 0)
         self.panel_size = _check_int("panel_size", panel_size, 16)
         self.max_triples = _check_max_triples(regime, max_triples)
-        self.with_relations = with_relations
+        self.with_relations = _check_bool("with_relations", with_relations)
+        self.free_attributes = _check_choice("free_attributes", free_attributes, FREE_ATTRIBUTES)
 
     def __len__(self) -> int:
         return self.num_puzzles
@@ -153,10 +177,12 @@ class PGMGenerator:
             self.panel_size,
             self.max_triples,
             with_relations=self.with_relations,
+            free_attributes=self.free_attributes,
         )
 
     def __repr__(self) -> str:
         return (
             f"PGMGenerator(regime={self.regime!r}, split={self.split!r}, num_puzzles={self.num_puzzles}, "
-            f"seed={self.seed}, panel_size={self.panel_size}, max_triples={self.max_triples})"
+            f"seed={self.seed}, panel_size={self.panel_size}, max_triples={self.max_triples}, "
+            f"free_attributes={self.free_attributes!r})"
         )

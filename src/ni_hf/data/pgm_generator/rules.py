@@ -30,6 +30,9 @@ REGIMES: tuple[str, ...] = (
     "attrs.line.type",
 )
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+# What attributes in no triple do over the nine panels and the candidates: stay fixed, or vary at random
+# (Barrett et al.'s distractors).
+FREE_ATTRIBUTES: tuple[str, ...] = ("constant", "random")
 
 OBJECTS = ("shape", "line")
 ATTRIBUTES = ("color", "number", "position", "size", "type")
@@ -313,6 +316,20 @@ def _check_regime_split(regime: str, split: str) -> None:
         raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else a ValueError naming them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a ValueError."""
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:

@@ -36,6 +36,7 @@ class _Frame:
 
     triples: tuple[Triple, ...]
     domains: dict[ObjectAttribute, tuple[int, ...]]
+    free_attributes: str = "constant"
     relation: dict[ObjectAttribute, str] = field(init=False)
     has_shapes: bool = field(init=False)
     has_lines: bool = field(init=False)
@@ -45,17 +46,6 @@ class _Frame:
         self.relation = {t[:2]: t[2] for t in self.triples}
         self.has_shapes = any(t[0] == "shape" for t in self.triples)
         self.has_lines = any(t[0] == "line" for t in self.triples)
-
-    def free_attributes(self) -> list[ObjectAttribute]:
-        """The held-constant attributes of the drawn objects."""
-        free = []
-        if self.has_shapes:
-            free += [("shape", a) for a in _SHAPE_VALUE_ATTRIBUTES if ("shape", a) not in self.relation]
-            if _POSITION in self.constants:
-                free.append(_POSITION)
-        if self.has_lines:
-            free += [k for k in (_LINE_COLOR, _LINE_TYPE) if k not in self.relation]
-        return free
 
 
 @cache
@@ -212,73 +202,75 @@ def _sample_specs(frame: _Frame, rng: random.Random) -> list[dict[ObjectAttribut
     return specs
 
 
-def _assign(
-    keys: Sequence[int], values: frozenset[int], previous: dict[int, int], rng: random.Random
-) -> list[int]:
-    """A value from ``values`` for each key, every value used, keeping ``previous`` ones where allowed."""
+def _assign(keys: Sequence[int], values: frozenset[int], rng: random.Random) -> list[int] | None:
+    """A random value from ``values`` for each key, every value used (None when there are fewer keys)."""
+    if len(values) > len(keys):
+        return None
     ordered = sorted(values)
-    if len(ordered) == 1:
-        return [ordered[0]] * len(keys)
-    out = [previous[k] if previous.get(k) in values else ordered[rng.randrange(len(ordered))] for k in keys]
-    counts: dict[int, int] = {}
-    for v in out:
-        counts[v] = counts.get(v, 0) + 1
-    for missing in ordered:
-        if counts.get(missing):
-            continue
-        spare = [i for i, v in enumerate(out) if counts[v] > 1]
-        i = spare[rng.randrange(len(spare))]
-        counts[out[i]] -= 1
-        out[i] = missing
-        counts[missing] = 1
+    out = ordered + [ordered[rng.randrange(len(ordered))] for _ in range(len(keys) - len(ordered))]
+    rng.shuffle(out)
     return out
 
 
-def _realize(
-    frame: _Frame, spec: dict[ObjectAttribute, Value], rng: random.Random, base: Panel | None = None
-) -> Panel | None:
+def _realize(frame: _Frame, spec: dict[ObjectAttribute, Value], rng: random.Random) -> Panel | None:
     """The objects of a panel with the attribute values ``spec`` (None when they do not fit together)."""
-    shapes: tuple[Shape, ...] = ()
-    lines: tuple[Line, ...] = ()
-    if frame.has_shapes:
-        if _POSITION in spec:
-            cells = sorted(cast(frozenset[int], spec[_POSITION]))
-        elif _NUMBER in spec:
-            count = cast(int, spec[_NUMBER])
-            old = [s.position for s in base.shapes] if base is not None else []
-            if base is None:
-                cells = sorted(rng.sample(range(9), count))
-            elif len(old) >= count:
-                cells = old if len(old) == count else sorted(rng.sample(old, count))
-            else:
-                free = [c for c in range(9) if c not in old]
-                cells = sorted(old + rng.sample(free, count - len(old)))
-        else:
-            cells = sorted(frame.constants[_POSITION])
-        columns = []
-        for attribute in _SHAPE_VALUE_ATTRIBUTES:
-            key = ("shape", attribute)
-            values = cast(frozenset[int] | None, spec.get(key))
-            if values is None:
-                columns.append([frame.constants[key]] * len(cells))
-                continue
-            if len(values) > len(cells):
-                return None
-            previous = {s.position: getattr(s, attribute) for s in base.shapes} if base is not None else {}
-            columns.append(_assign(cells, values, previous, rng))
-        shapes = tuple(Shape(*fields) for fields in zip(cells, *columns, strict=True))
-    if frame.has_lines:
-        types = sorted(cast(frozenset[int], spec.get(_LINE_TYPE, frame.constants.get(_LINE_TYPE))))
-        colors = cast(frozenset[int] | None, spec.get(_LINE_COLOR))
-        if colors is None:
-            assigned = [frame.constants[_LINE_COLOR]] * len(types)
-        elif len(colors) > len(types):
-            return None
-        else:
-            previous = {line.type: line.color for line in base.lines} if base is not None else {}
-            assigned = _assign(types, colors, previous, rng)
-        lines = tuple(Line(t, c) for t, c in zip(types, assigned, strict=True))
+    shapes = _realize_shapes(frame, spec, rng) if frame.has_shapes else ()
+    lines = _realize_lines(frame, spec, rng) if frame.has_lines else ()
+    if shapes is None or lines is None:
+        return None
     return Panel(shapes, lines)
+
+
+def _realize_shapes(
+    frame: _Frame, spec: dict[ObjectAttribute, Value], rng: random.Random
+) -> tuple[Shape, ...] | None:
+    """A panel's shapes: cells from its position or number, then each shape's type, size and color."""
+    sets = [cast(frozenset[int], spec[("shape", a)]) for a in _SHAPE_VALUE_ATTRIBUTES if ("shape", a) in spec]
+    if _POSITION in spec:
+        cells = sorted(cast(frozenset[int], spec[_POSITION]))
+    elif _NUMBER in spec:
+        cells = sorted(rng.sample(range(9), cast(int, spec[_NUMBER])))
+    elif frame.free_attributes == "random":
+        low = max(map(len, sets), default=1)
+        cells = sorted(rng.sample(range(9), rng.randint(low, min(9, low + 3))))
+    else:
+        cells = sorted(frame.constants[_POSITION])
+    columns = []
+    for attribute in _SHAPE_VALUE_ATTRIBUTES:
+        key = ("shape", attribute)
+        if key in spec:
+            column = _assign(cells, cast(frozenset[int], spec[key]), rng)
+            if column is None:
+                return None
+        elif frame.free_attributes == "random":
+            column = [rng.choice(frame.domains[key]) for _ in cells]
+        else:
+            column = [frame.constants[key]] * len(cells)
+        columns.append(column)
+    return tuple(Shape(*fields) for fields in zip(cells, *columns, strict=True))
+
+
+def _realize_lines(
+    frame: _Frame, spec: dict[ObjectAttribute, Value], rng: random.Random
+) -> tuple[Line, ...] | None:
+    """A panel's lines: their types, then each line's color."""
+    colors = cast(frozenset[int] | None, spec.get(_LINE_COLOR))
+    if _LINE_TYPE in spec:
+        types = sorted(cast(frozenset[int], spec[_LINE_TYPE]))
+    elif frame.free_attributes == "random":
+        low = len(colors) if colors is not None else 1
+        types = sorted(rng.sample(frame.domains[_LINE_TYPE], rng.randint(low, min(len(LINE_TYPES), low + 2))))
+    else:
+        types = sorted(frame.constants[_LINE_TYPE])
+    if colors is not None:
+        assigned = _assign(types, colors, rng)
+        if assigned is None:
+            return None
+    elif frame.free_attributes == "random":
+        assigned = [rng.choice(frame.domains[_LINE_COLOR]) for _ in types]
+    else:
+        assigned = [frame.constants[_LINE_COLOR]] * len(types)
+    return tuple(Line(t, c) for t, c in zip(types, assigned, strict=True))
 
 
 def _shows_spurious_relation(frame: _Frame, panels: Sequence[Panel]) -> bool:
