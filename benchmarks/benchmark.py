@@ -4,8 +4,9 @@
 Models (``--models``):
 
 - ``ni``: ours, ``NeuralInterpreterForImageClassification(NeuralInterpreterConfig.from_paper(preset))`` with its
-  attention implementation that is fastest there: "fast" (the package's CPU kernels) for the digits preset on a CPU,
-  else "sdpa" (the default; on PGM's sets of 10 tokens "sdpa" is the faster on a CPU too);
+  attention implementation that is fastest there: "fast" (the package's CPU kernels) for the digits preset on a CPU
+  in float32, else "sdpa" (the default; on PGM's sets of 10 tokens "sdpa" is the faster on a CPU too; under
+  ``--dtype bfloat16`` too, since "fast" computes float32 only and refuses autocast; the report says so);
 - ``ni-eager``: the same weights with ``attn_implementation="eager"``, the literal Eq. 6;
 - ``ni-sdpa``: the same weights with ``attn_implementation="sdpa"`` (asked for by name);
 - ``vit``: ``transformers.ViTForImageClassification(ni_hf.vit_baseline_config())``, the paper's digits ViT;
@@ -20,8 +21,11 @@ context panels and 8 candidates of 80x80, scored as 8 sets of 10 elements): FLOP
 (the report's ``settings.sample`` names the sample; the keys keep their ``image`` names).
 
 For each: parameters; forward FLOPs per image (``FlopCounterMode`` on the literal path, since fused kernels hide
-their FLOPs); images/s of inference (no grad, eval mode) and of training (forward, backward, RAdam step), with the
-models taking turns in every repeat so that a busy machine slows all alike; achieved GFLOP/s (training counted as
+their FLOPs); images/s of inference (no grad, eval mode) and of training (forward, backward, RAdam step), each model
+in its steady state (``--schedule steady``: its own warm-up steps just before its own timed steps, back to back as in
+a training loop; ``--schedule rotate``: the models taking turns in every repeat, so that a busy machine slows all
+alike, but each timed step then starts where another model left the caches and the allocator); achieved GFLOP/s
+(training counted as
 3x the forward FLOPs); peak memory of one step (CPU: peak RSS growth in a fresh process per model and mode; CUDA:
 ``torch.cuda.max_memory_allocated`` growth). Ratios: ours over the ViT in GFLOP/s, ours over the authors' in
 images/s.
@@ -70,6 +74,7 @@ from ni_hf.models.neural_interpreter.modeling_neural_interpreter import patchify
 MODEL_KEYS = ("ni", "ni-eager", "ni-sdpa", "vit", "authors")
 DEFAULT_MODELS = ("ni", "ni-eager", "vit")
 MODES = ("inference", "training")
+SCHEDULES = ("steady", "rotate")
 TRAINING_FLOPS_FACTOR = 3.0
 """Training FLOPs are counted as this many times the forward FLOPs (forward + backward ~ 2x forward)."""
 FLOP_BATCH = 2
@@ -135,8 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile mode (implies --compile; reduce-overhead = CUDA graphs).",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's).")
-    p.add_argument("--repeats", type=int, default=5, help="Timed rounds (the models take turns in each).")
-    p.add_argument("--warmup", type=int, default=1, help="Untimed rounds before the repeats.")
+    p.add_argument("--repeats", type=int, default=5, help="Timed measurements per model and mode.")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="Untimed measurements before the timed ones: per model and mode, just before its own (steady), or "
+        "rounds of all models before the first repeat (rotate).",
+    )
+    p.add_argument(
+        "--schedule",
+        default="steady",
+        choices=SCHEDULES,
+        help="steady: each model's warm-up and timed steps back to back, one model after another; rotate: the "
+        "models taking turns in every repeat, who goes first rotating.",
+    )
     p.add_argument(
         "--steps-per-repeat", type=int, default=None, help="Steps timed together (default: 1 CPU, 20 CUDA)."
     )
@@ -278,10 +296,20 @@ def build_model(key: str, args: argparse.Namespace, attn_implementation: str | N
         )
         model = head(ni_config(args))
         named = {"ni-eager": "eager", "ni-sdpa": "sdpa"}.get(key)
-        # "ni": the package's CPU kernels where they pay (the digits preset on a CPU), else sdpa, the default.
-        fast = args.preset != PGM and torch.device(args.device).type == "cpu"
-        model.set_attn_implementation(attn_implementation or named or ("fast" if fast else "sdpa"))
+        model.set_attn_implementation(attn_implementation or named or default_attn_implementation(args)[0])
     return model.to(args.device)
+
+
+def default_attn_implementation(args: argparse.Namespace) -> tuple[str, str]:
+    """The attention implementation of ``ni`` and why: the package's CPU kernels where they pay (the digits preset on
+    a CPU in float32), else sdpa, the default."""
+    if args.preset == PGM:
+        return "sdpa", "the default; on PGM's sets of 10 tokens faster than 'fast' on a CPU"
+    if torch.device(args.device).type != "cpu":
+        return "sdpa", "the default; 'fast' is CPU code"
+    if args.dtype != "float32":
+        return "sdpa", f"'fast' computes float32 only and refuses {args.dtype} autocast"
+    return "fast", "the package's CPU kernels, the fastest for the digits preset on a CPU"
 
 
 def attn_implementation_of(model: nn.Module) -> str:
@@ -423,6 +451,34 @@ def time_steps(bench: Bench, mode: str, args: argparse.Namespace) -> tuple[float
 
 
 def benchmark_throughput(benches: list[Bench], args: argparse.Namespace) -> None:
+    """Time every model in every mode, in its steady state or taking turns (``--schedule``)."""
+    if args.schedule == "steady":
+        time_steady(benches, args)
+    else:
+        time_rotating(benches, args)
+    for bench in benches:
+        restore_weights(bench)
+
+
+def record(bench: Bench, mode: str, args: argparse.Namespace, label: str) -> None:
+    seconds, cpu_seconds = time_steps(bench, mode, args)
+    bench.seconds[mode].append(seconds)
+    bench.cpu_seconds[mode].append(cpu_seconds)
+    log(args, f"{label} {bench.key} {mode}: {seconds:.3f} s")
+
+
+def time_steady(benches: list[Bench], args: argparse.Namespace) -> None:
+    """One model and mode at a time: its warm-up steps, then its timed repeats, back to back as in a training loop."""
+    for bench in benches:
+        for mode in args.modes:
+            for index in range(args.warmup):
+                log(args, f"warm-up {index + 1}/{args.warmup} {bench.key} {mode}")
+                time_steps(bench, mode, args)
+            for repeat in range(args.repeats):
+                record(bench, mode, args, f"repeat {repeat + 1}/{args.repeats}")
+
+
+def time_rotating(benches: list[Bench], args: argparse.Namespace) -> None:
     """Warm-up rounds, then repeats in which every model runs every mode; who goes first rotates."""
     for round_index in range(args.warmup):
         log(args, f"warm-up {round_index + 1}/{args.warmup}")
@@ -433,12 +489,7 @@ def benchmark_throughput(benches: list[Bench], args: argparse.Namespace) -> None
         shift = repeat % len(benches)
         for bench in benches[shift:] + benches[:shift]:
             for mode in args.modes:
-                seconds, cpu_seconds = time_steps(bench, mode, args)
-                bench.seconds[mode].append(seconds)
-                bench.cpu_seconds[mode].append(cpu_seconds)
-                log(args, f"repeat {repeat + 1}/{args.repeats} {bench.key} {mode}: {seconds:.3f} s")
-    for bench in benches:
-        restore_weights(bench)
+                record(bench, mode, args, f"repeat {repeat + 1}/{args.repeats}")
 
 
 def throughput_stats(
@@ -643,6 +694,13 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def schedule_text(cfg: dict[str, Any]) -> str:
+    steps = f"{cfg['repeats']} timed repeats of {cfg['steps_per_repeat']} step(s)"
+    if cfg.get("schedule", "rotate") == "steady":
+        return f"each model in its steady state: {cfg['warmup']} warm-up measurement(s) of its own just before its {steps}"
+    return f"{cfg['warmup']} warm-up round(s), then {steps}, the models taking turns"
+
+
 def markdown_report(report: dict[str, Any]) -> str:
     env, cfg = report["environment"], report["settings"]
     sample = cfg.get("sample", "image")
@@ -657,8 +715,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"Batch {cfg['batch_size']}, {cfg['device']}, {cfg['dtype']}"
         + (f", PGM puzzles (the {cfg['regime'] or 'neutral'} regime's models)" if sample == "puzzle" else "")
         + (f", torch.compile mode {cfg['compile_mode']}" if cfg["compile"] else "")
-        + f"; {cfg['warmup']} warm-up round(s), {cfg['repeats']} repeats of {cfg['steps_per_repeat']} step(s), "
-        f"the models taking turns; {sample}s/s as median [min–max]; training GFLOP/s counts 3x the forward "
+        + f"; {schedule_text(cfg)}; {sample}s/s as median [min–max]; training GFLOP/s counts 3x the forward "
         "FLOPs.",
         "",
         f"| Model | Attention | Params | Fwd GFLOP/{unit} | Inference {unit}/s | Training {unit}/s "
@@ -682,6 +739,9 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"{_fmt(memory['inference'], 0)} | {_fmt(memory['training'], 0)} |"
         )
     ratios = report["ratios"]
+    ni = report["models"].get("ni")
+    if ni is not None and ni.get("attn_implementation_reason"):
+        lines += ["", f"ni runs {ni['attn_implementation']!r}: {ni['attn_implementation_reason']}."]
     lines += [
         "",
         "Ours over the ViT, achieved GFLOP/s: inference "
@@ -697,7 +757,7 @@ def markdown_report(report: dict[str, Any]) -> str:
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("preset", "regime", "overrides", "models", "modes", "batch_size", "authors_batch_size", "dtype")
-    keys += ("compile", "compile_mode", "repeats", "warmup", "steps_per_repeat", "seed", "memory")
+    keys += ("compile", "compile_mode", "schedule", "repeats", "warmup", "steps_per_repeat", "seed", "memory")
     keys += ("authors_code",)
     sample = "puzzle" if args.preset == PGM else "image"
     return {"device": str(args.device), "optimizer": f"RAdam(lr={args.lr})", "sample": sample} | {
@@ -713,6 +773,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     env = environment(args)
     log(args, f"{env['cpu']}, {env['torch_threads']} torch threads, {args.device}, commit {env['commit']}")
+    if "ni" in args.models:
+        log(args, "ni: attn_implementation {!r} ({})".format(*default_attn_implementation(args)))
     flops = {}
     for key in args.models:
         log(args, f"counting the FLOPs of {key}")
@@ -725,6 +787,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         images = batch_size_of(bench.key, args) * args.steps_per_repeat
         result: dict[str, Any] = {
             "attn_implementation": attn_implementation_of(bench.model),
+            "attn_implementation_reason": default_attn_implementation(args)[1] if bench.key == "ni" else None,
             "batch_size": batch_size_of(bench.key, args),
             "parameters": count_parameters(bench.model),
             "forward_flops_per_image": flops[bench.key],

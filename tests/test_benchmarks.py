@@ -120,6 +120,64 @@ def test_a_tiny_run_measures_every_model_in_both_modes(bench: ModuleType, tmp_pa
         assert needle in text
 
 
+def test_bfloat16_runs_ni_on_sdpa_and_says_why(bench: ModuleType, capsys: pytest.CaptureFixture) -> None:
+    """ "fast" computes float32 only and refuses autocast: under --dtype bfloat16 "ni" runs "sdpa", and says so."""
+    report = bench.main([*TINY, "--dtype", "bfloat16", "--models", "ni", "vit", "--memory", "off"])
+    ni = report["models"]["ni"]
+    assert (
+        ni["attn_implementation"] == "sdpa"
+        and "refuses bfloat16 autocast" in ni["attn_implementation_reason"]
+    )
+    assert ni["training"]["images_per_s_median"] > 0 and report["settings"]["dtype"] == "bfloat16"
+    assert (
+        "ni runs 'sdpa': 'fast' computes float32 only and refuses bfloat16 autocast."
+        in capsys.readouterr().out
+    )
+    float32 = bench.parse_args([])
+    assert bench.default_attn_implementation(float32)[0] == "fast"
+    assert (
+        bench.build_model("ni", bench.parse_args(["--dtype", "bfloat16"])).config._attn_implementation
+        == "sdpa"
+    )
+
+
+@pytest.mark.parametrize("schedule", ["steady", "rotate"])
+def test_each_schedule_times_the_models_in_its_order(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, schedule: str
+) -> None:
+    """steady (the default): each model's own warm-up steps just before its own timed steps, one model after another;
+    rotate: warm-up rounds of all, then repeats in which the models take turns."""
+    calls: list[tuple[str, str]] = []
+
+    def time_steps(b, mode, args):
+        calls.append((b.key, mode))
+        return 1.0, 1.0
+
+    monkeypatch.setattr(bench, "time_steps", time_steps)
+    args = bench.parse_args(
+        ["--models", "ni", "vit", "--repeats", "2", "--warmup", "1", "--schedule", schedule]
+    )
+    assert bench.parse_args([]).schedule == "steady"
+    model = torch.nn.Linear(1, 1)
+    snapshot = [p.detach().clone() for p in model.parameters()]
+    benches = [bench.Bench(key, model, model, None, {}, snapshot) for key in ("ni", "vit")]
+    bench.benchmark_throughput(benches, args)
+    inf, train = "inference", "training"
+    if schedule == "steady":
+        expected = [("ni", inf)] * 3 + [("ni", train)] * 3 + [("vit", inf)] * 3 + [("vit", train)] * 3
+    else:
+        warm = [("ni", inf), ("ni", train), ("vit", inf), ("vit", train)]
+        expected = warm + warm + [("vit", inf), ("vit", train), ("ni", inf), ("ni", train)]
+    assert calls == expected
+    assert all(
+        len(b.seconds[mode]) == 2 for b in benches for mode in (inf, train)
+    )  # the warm-ups are not kept
+    text = bench.schedule_text(bench.settings(args))
+    assert ("its steady state" in text) == (schedule == "steady") and ("taking turns" in text) != (
+        schedule == "steady"
+    )
+
+
 def test_the_pgm_preset_measures_the_multiple_choice_models_per_puzzle(bench: ModuleType) -> None:
     """--preset pgm: the paper's PGM Neural Interpreter and ViT taking turns; FLOPs, rates and memory per puzzle."""
     from torch.utils.flop_counter import FlopCounterMode
