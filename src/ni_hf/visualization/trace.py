@@ -257,11 +257,12 @@ class _ImageAdapter(_ModelAdapter):
         return values
 
     def forward_inputs(self) -> dict[str, torch.Tensor]:
+        inputs = {"pixel_values": self.values}
         if (
-            getattr(self.model, "neural_interpreter", self.model) is self.model
-        ):  # the backbone takes no task ids
-            return {"pixel_values": self.values}
-        return {"pixel_values": self.values, "task_ids": torch.from_numpy(self.tasks)}
+            getattr(self.model, "neural_interpreter", None) is not None
+        ):  # the backbone alone takes no task ids
+            inputs["task_ids"] = torch.from_numpy(self.tasks)
+        return inputs
 
     def fields(self, out: Any) -> dict[str, Any]:
         config = self.config
@@ -273,7 +274,7 @@ class _ImageAdapter(_ModelAdapter):
             "images": self.images() if on_grid else None,
         }
 
-    def images(self) -> np.ndarray | None:
+    def images(self) -> np.ndarray:
         """(B, 3, H, W) images or (B, P, p*p*3) patches -> (B, H, W, 3) in [0, 1], each stretched to its own range."""
         x = self.values.detach().float().cpu()
         if x.dim() == 3:
