@@ -16,8 +16,8 @@ the paper's values. Presets (``--preset``): ``full`` is the paper's protocol (16
 split, batch 128, 20 + 3 epochs, RAdam 6e-3 / 5e-2, constant learning rate); ``reduced`` keeps its epochs on a
 tenth of the points; ``quick`` is a smoke test of a few seconds. Every value can be overridden by its flag.
 
-Outputs in ``--output_dir``: ``pretrain/``, ``adapt-<setting>/``, ``fuzzy_boolean_results.{json,md}``, the model
-code, and ``README.md``, a model card with the measured R^2 as Hub ``model-index`` results and each saved model's
+Outputs in ``--output_dir``: ``pretrain/`` and ``adapt-<setting>/`` (each model with its weights' SHA-256 in
+``weights_sha256.json``, checked wherever it is loaded), ``fuzzy_boolean_results.{json,md}``, the model code, and ``README.md``, a model card with the measured R^2 as Hub ``model-index`` results and each saved model's
 function usage on held-out points (``routing_<folder>_usage.json``, and with matplotlib, the `vis` extra, the
 pictures ``routing_<folder>_{path,usage}.png``); ``--push_to_hub`` uploads the folder at the very end.
 
@@ -25,7 +25,8 @@ Examples::
 
     python examples/run_fuzzy_boolean.py --preset quick --output_dir /tmp/fb-quick
     python examples/run_fuzzy_boolean.py --preset full --output_dir runs/fb-full
-    # the full protocol in pieces: checkpoint every 1024 steps; rerun the same command to continue
+    # the full protocol in pieces: checkpoint every 1024 steps; rerun the same command to continue (a finished
+    # pre-training is not resumed: adapt it with --pretrained_model runs/fb-full/pretrain)
     python examples/run_fuzzy_boolean.py --preset full --output_dir runs/fb-full \
         --save_strategy steps --save_steps 1024 --save_total_limit 2 --resume_from_checkpoint last
 """
@@ -35,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,10 +47,20 @@ from transformers import HfArgumentParser, PretrainedConfig, Trainer, TrainingAr
 
 from ni_hf import NeuralInterpreterConfig, NeuralInterpreterForSetRegression
 from ni_hf.data.fuzzy_boolean import TensorBatchDataset, batch_collator, make_fuzzy_boolean_tensors
-from ni_hf.training import checkpoints, data_transfer, evaluation, model_cards, paths, publishing, run_setup
+from ni_hf.training import (
+    checkpoints,
+    data_transfer,
+    evaluation,
+    model_cards,
+    paths,
+    publishing,
+    run_flow,
+    run_setup,
+)
 from ni_hf.training.presets import Preset, parse_with_presets, preset_field
 
 logger = logging.getLogger("run_fuzzy_boolean")
+PROG = "run_fuzzy_boolean.py"
 
 # The dataclass defaults are the paper's protocol; the other presets change its sizes.
 PRESETS = {
@@ -90,6 +100,9 @@ PHASE_FIELDS = {
     "lr_scheduler_type": "nothing: the paper's rate is constant",
     "warmup_steps": "nothing: the paper uses no warm-up",
     "optim": "nothing: both phases use RAdam, as the paper (betas --adam_beta1/--adam_beta2, eps --adam_epsilon)",
+    "radam": "nothing: both phases use RAdam, as the paper",
+    "do_train": "--pretrained_model (no pre-training) or --settings none (no adaptation)",
+    "do_eval": "nothing: every phase is evaluated (its R^2 is the result)",
 }
 NUM_VARIABLES = 5
 RESULTS = "fuzzy_boolean_results"
@@ -192,6 +205,9 @@ class FuzzyBooleanTrainingArguments(run_setup.ExampleTrainingArguments):
     max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping (0: none, as the paper)."})
 
 
+ARGUMENTS = (FuzzyBooleanArguments, FuzzyBooleanTrainingArguments)
+
+
 # --- argument checks ----------------------------------------------------------------------------------------
 
 
@@ -221,17 +237,22 @@ def memory_needed(
 
 
 def load_pretrained(exp: FuzzyBooleanArguments) -> NeuralInterpreterForSetRegression:
-    """--pretrained_model: a saved fuzzy-Boolean regressor (weights that do not fit it are refused) of
-    --num_pretrain_functions functions."""
+    """--pretrained_model: a saved fuzzy-Boolean regressor (weights that do not fit it, or differ from their
+    recorded checksum, are refused) of --num_pretrain_functions functions."""
     exp.pretrained_model = paths.check_model_path(exp.pretrained_model, "--pretrained_model")
-    config, _ = PretrainedConfig.get_config_dict(exp.pretrained_model)
+    config = checkpoints.read_checkpoint_config(exp.pretrained_model, "--pretrained_model")
     saved = config.get("architectures") or [config.get("model_type", "model of no model_type")]
     if NeuralInterpreterForSetRegression.__name__ not in saved:
         raise ValueError(
             f"--pretrained_model {exp.pretrained_model}: its config.json describes a {', '.join(saved)}; expected "
             "the NeuralInterpreterForSetRegression of this script's pre-training (<output_dir>/pretrain)."
         )
-    model = load_model(exp.pretrained_model, exp.allow_mismatched_weights)
+    model = checkpoints.load_checked(
+        NeuralInterpreterForSetRegression,
+        exp.pretrained_model,
+        exp.allow_mismatched_weights,
+        option="--pretrained_model",
+    )
     if model.config.num_tasks != exp.num_pretrain_functions:
         raise ValueError(
             f"--pretrained_model {exp.pretrained_model} regresses {model.config.num_tasks} functions; pass "
@@ -240,13 +261,25 @@ def load_pretrained(exp: FuzzyBooleanArguments) -> NeuralInterpreterForSetRegres
     return model
 
 
+def refuse_phase_fields(argv: Sequence[str]) -> None:
+    """Refuse the TrainingArguments that the protocol sets for each phase (PHASE_FIELDS), naming the option to use.
+
+    Checked before ``run_flow.parse_arguments``' shared checks, whose advice for some of these fields (--radam false
+    to use --optim, --do_train false) does not hold for this script.
+    """
+    with run_setup.exit_on_bad_arguments(PROG):
+        _, args = parse_args(argv)
+        run_setup.check_fields_left_alone(args, PHASE_FIELDS, "the protocol sets it for each phase")
+
+
 def check_arguments(
-    exp: FuzzyBooleanArguments, args: TrainingArguments, config: PretrainedConfig | None = None
+    exp: FuzzyBooleanArguments, args: TrainingArguments, given: frozenset[str] = frozenset()
 ) -> None:
-    """Refuse, naming the option, every value that would fail or be ignored later, and a run that cannot fit
-    (``config``: the model's, when it is not the paper's preset)."""
-    run_setup.check_fields_left_alone(args, PHASE_FIELDS, "the protocol sets it for each phase")
-    run_setup.check_training_arguments(args)
+    """Refuse, naming the option, every value that would fail or be ignored later, and a run that cannot fit, before
+    any work (``run_flow.parse_arguments``' check; the fields of PHASE_FIELDS are refused before it)."""
+    run_flow.refuse_unused(
+        given, ["max_train_minutes"], "the protocol's phases run for their epochs or steps"
+    )
     for name in ("points_per_function", "batch_size", "num_pretrain_functions", "num_adapt_functions"):
         run_setup.check_at_least(f"--{name}", getattr(exp, name), 1)
     for name in ("dataset_seed", "adapt_dataset_seed"):
@@ -260,6 +293,24 @@ def check_arguments(
             f"--points_per_function {exp.points_per_function} with --test_fraction {exp.test_fraction} leaves "
             f"{exp.points_per_function - num_test} training and {num_test} test points; R^2 needs at least 1 and 2."
         )
+    check_phases(exp, args)
+    run_setup.per_device_batch_size(exp.batch_size, args.world_size)
+    model_cards.check_model_card_template(exp.model_card_template)
+    if args.push_to_hub:
+        publishing.check_push(args)
+    if exp.pretrained_model and args.resume_from_checkpoint:
+        raise ValueError(
+            "--resume_from_checkpoint continues a pre-training; --pretrained_model skips it: drop one."
+        )
+    config = load_pretrained(exp).config if exp.pretrained_model else None
+    check_fits(exp, args, config)
+    if not exp.pretrained_model:
+        pretrain = phase_arguments(args, exp, "pretrain")
+        pretraining_resume_point(args.resume_from_checkpoint, Path(pretrain.output_dir), pretrain)
+
+
+def check_phases(exp: FuzzyBooleanArguments, args: TrainingArguments) -> None:
+    """Refuse a phase's length or learning rate that would train nothing or fail, and settings that do not exist."""
     for phase in ("pretrain", "adapt"):
         epochs, steps = getattr(exp, f"{phase}_epochs"), getattr(exp, f"{phase}_max_steps")
         if steps == 0 or steps < -1:
@@ -279,14 +330,11 @@ def check_arguments(
         raise ValueError(
             f"--settings {exp.settings!r}: expected distinct names among {list(SETTING_GROUPS)}, or 'none'."
         )
-    run_setup.per_device_batch_size(exp.batch_size, args.world_size)
-    model_cards.check_model_card_template(exp.model_card_template)
-    if args.push_to_hub:
-        publishing.check_push(args)
-    if exp.pretrained_model and args.resume_from_checkpoint:
-        raise ValueError(
-            "--resume_from_checkpoint continues a pre-training; --pretrained_model skips it: drop one."
-        )
+
+
+def check_fits(exp: FuzzyBooleanArguments, args: TrainingArguments, config: PretrainedConfig | None) -> None:
+    """Refuse a run whose data (host), one batch or one sample's attention (device) cannot fit (``memory_needed``;
+    ``config``: the model's, when it is not the paper's preset)."""
     needed = memory_needed(exp, args.per_device_eval_batch_size, config)
     functions = f"--num_pretrain_functions {exp.num_pretrain_functions} and --num_adapt_functions {exp.num_adapt_functions}"
     batches = f"--batch_size {exp.batch_size} (evaluation: --per_device_eval_batch_size {args.per_device_eval_batch_size})"
@@ -344,8 +392,9 @@ def adaptation_param_groups(
 # --- training -----------------------------------------------------------------------------------------------
 
 
-class FuzzyBooleanTrainer(evaluation.CopiedPredictionsMixin, Trainer):
-    """Trainer whose predictions survive a CUDA-graphed model (dynamo's cudagraphs backend on a GPU)."""
+class FuzzyBooleanTrainer(checkpoints.ExactResumeMixin, evaluation.CopiedPredictionsMixin, Trainer):
+    """Trainer that resumes exactly (the same weights as an uninterrupted run, train_loss over the whole run, no
+    resume past the end) and whose predictions survive a CUDA-graphed model (dynamo's cudagraphs backend)."""
 
 
 def phase_arguments(base: TrainingArguments, exp: FuzzyBooleanArguments, phase: str) -> TrainingArguments:
@@ -370,8 +419,9 @@ def make_trainer(
     test: TensorBatchDataset,
     param_groups: list[dict[str, Any]] | None = None,
 ) -> Trainer:
-    """A Trainer with RAdam (betas and eps of ``args``; ``param_groups``, each with its own ``lr``, replace its
-    single group), the whole-batch collator and R^2 metrics."""
+    """A Trainer with RAdam at the phase's rate (``args``: a phase's, whose learning rate is not the run's, so not
+    ``ExampleRun.optimizer``; ``param_groups``, each with its own ``lr``, replace its single group), the
+    whole-batch collator and R^2 metrics."""
     betas = (args.adam_beta1, args.adam_beta2)
     optimizer_kwargs: dict[str, Any] = {"lr": args.learning_rate, "betas": betas, "eps": args.adam_epsilon}
     if param_groups is not None:
@@ -387,23 +437,37 @@ def make_trainer(
     )
 
 
-def pretraining_resume_point(resume_from_checkpoint: str | None, pretrain_dir: Path) -> str | None:
+def pretraining_resume_point(
+    resume_from_checkpoint: str | None, pretrain_dir: Path, training_args: TrainingArguments | None = None
+) -> str | None:
     """The checkpoint pre-training resumes from (``ni_hf.training.checkpoints.resolve_resume_checkpoint``); for
-    "true"/"last" with no complete one yet, None: pre-training starts, so that one command starts and continues."""
-    try:
-        return checkpoints.resolve_resume_checkpoint(resume_from_checkpoint, str(pretrain_dir))
-    except ValueError:
-        if str(resume_from_checkpoint).lower() not in checkpoints.RESUME_LAST:
-            raise
-    logger.info("No complete checkpoint-* in %s yet: pre-training starts from scratch", pretrain_dir)
-    return None
-
-
-def load_model(path: str, allow_mismatched_weights: bool) -> NeuralInterpreterForSetRegression:
-    """A saved fuzzy-Boolean model; weights that do not fit it are refused (see --allow_mismatched_weights)."""
-    return checkpoints.load_checked(
-        NeuralInterpreterForSetRegression, path, allow_mismatched_weights, option="--pretrained_model"
-    )
+    "true"/"last" with no complete one yet, None: pre-training starts, so that one command starts and continues.
+    With ``training_args`` (pre-training's), a checkpoint at the end of pre-training is refused: its model is final."""
+    value = resume_from_checkpoint
+    if value is not None and str(value).lower() in checkpoints.RESUME_LAST:
+        try:
+            value = checkpoints.last_complete_checkpoint(str(pretrain_dir))
+        except ValueError:
+            if (
+                Path(pretrain_dir) / "config.json"
+            ).is_file():  # saved at the end only: the pre-training finished
+                raise ValueError(
+                    f"--resume_from_checkpoint {resume_from_checkpoint}: {pretrain_dir} holds the model of a finished "
+                    f"pre-training and no checkpoint-* to resume; pass --pretrained_model {pretrain_dir} instead to "
+                    "adapt it, or another --output_dir to train anew."
+                ) from None
+            logger.info("No complete checkpoint-* in %s yet: pre-training starts from scratch", pretrain_dir)
+            return None
+    checkpoint = checkpoints.resolve_resume_checkpoint(value, str(pretrain_dir))
+    if checkpoint is not None and training_args is not None:
+        try:
+            checkpoints.check_not_finished(checkpoint, training_args)
+        except ValueError as error:
+            raise ValueError(
+                f"{error} To adapt that model, pass --pretrained_model {pretrain_dir} instead of "
+                "--resume_from_checkpoint."
+            ) from None
+    return checkpoint
 
 
 def evaluate(
@@ -431,15 +495,16 @@ def evaluate(
     }
 
 
-def train_phase(trainer: Trainer, resume: str | None = None) -> dict[str, Any]:
-    """Train, save the model to the phase's folder, and return what the results record of the training."""
-    output = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(trainer.args.output_dir)
+def train_phase(run: run_flow.ExampleRun, trainer: Trainer, resume: str | None = None) -> dict[str, Any]:
+    """Train from ``resume`` (None: from the start), save the model and its checksum to the phase's folder
+    (``ExampleRun.train``), and return what the results record of the training."""
+    # "" rather than None, which ExampleRun.train would read as --resume_from_checkpoint in the phase's folder.
+    metrics = run.train(trainer, resume=resume or "")
     return {
         "checkpoint": trainer.args.output_dir,
-        "train_steps": output.global_step,
-        "train_runtime_s": output.metrics.get("train_runtime"),
-        "final_train_loss": output.training_loss,
+        "train_steps": metrics["global_step"],
+        "train_runtime_s": metrics.get("train_runtime"),
+        "final_train_loss": metrics["train_loss"],
     }
 
 
@@ -458,32 +523,11 @@ def protocol_deviations(results: dict[str, Any]) -> list[str]:
     ]
 
 
-# --- main ---------------------------------------------------------------------------------------------------
+# --- the phases ---------------------------------------------------------------------------------------------
 
 
-def parse_args(
-    args: Sequence[str] | None = None,
-) -> tuple[FuzzyBooleanArguments, FuzzyBooleanTrainingArguments]:
-    """Parse the command line (``args``; default sys.argv) into the two dataclasses, ``--preset``'s values first."""
-    parser = HfArgumentParser((FuzzyBooleanArguments, FuzzyBooleanTrainingArguments))
-    return parse_with_presets(parser, PRESETS, args)
-
-
-def main(args: Sequence[str] | None = None) -> dict[str, Any]:
-    """Pre-train, adapt in each setting, evaluate; write the results and the model card; return the results."""
-    argv = list(sys.argv[1:] if args is None else args)
-    with run_setup.exit_on_bad_arguments("run_fuzzy_boolean.py"):
-        exp, base_args = parse_args(argv)
-        run_setup.setup_logging(base_args, logger)
-        pretrained = load_pretrained(exp) if exp.pretrained_model else None
-        check_arguments(exp, base_args, pretrained.config if pretrained else None)
-        output_dir = Path(base_args.output_dir)
-        if pretrained is None:
-            resume = pretraining_resume_point(base_args.resume_from_checkpoint, output_dir / "pretrain")
-    settings = exp.setting_names()
-    # Only the end of the run uploads: no phase's Trainer may push its own folder with a generic card.
-    push_to_hub, base_args.push_to_hub = base_args.push_to_hub, False
-    world_size = base_args.world_size
+def protocol_sizes(exp: FuzzyBooleanArguments, world_size: int) -> dict[str, Any]:
+    """The protocol as the results record it: sizes, each process's share of the batch, rates, adaptation length."""
     sizes = {key: getattr(exp, key) for key in PROTOCOL_OPTIONS[:6]}
     rates = ("pretrain_learning_rate", "adapt_learning_rate", "adapt_pretrained_learning_rate")
     sizes.update(
@@ -496,16 +540,11 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         if exp.adapt_max_steps > 0
         else f"{exp.adapt_epochs:g} epochs",
     )
-    logger.warning(
-        "Process %d of world size %d: device %s", base_args.process_index, world_size, base_args.device
-    )
-    if data_transfer.compile_for_static_batches(base_args):
-        logger.info("torch.compile for static shapes: an epoch's last, smaller batch gets a graph of its own")
-    logger.info("Protocol %s: %s", exp.preset, sizes)
-    start_time = time.perf_counter()
-    output_dir.mkdir(parents=True, exist_ok=True)
+    return sizes
 
-    # --- data -------------------------------------------------------------------------------------------
+
+def make_datasets(exp: FuzzyBooleanArguments) -> dict[str, dict[str, TensorBatchDataset]]:
+    """The pre-training and adaptation functions' points: ``{"pretrain"|"adapt": {"train"|"test": dataset}}``."""
     data = make_fuzzy_boolean_tensors(
         num_pretrain_functions=exp.num_pretrain_functions,
         num_adapt_functions=exp.num_adapt_functions,
@@ -514,82 +553,102 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         seed=exp.dataset_seed,
         adapt_seed=exp.adapt_dataset_seed,
     )
-    datasets = {
+    return {
         group: {split: TensorBatchDataset(*data[group][split]) for split in ("train", "test")}
         for group in ("pretrain", "adapt")
     }
-    adapt_names = [f"f{exp.num_pretrain_functions + i}" for i in range(exp.num_adapt_functions)]
-    results: dict[str, Any] = {
-        "protocol": sizes,
-        "arguments": dataclasses.asdict(exp),
-        "seed": base_args.seed,
-        "adaptation": {},
-    }
 
-    # --- pre-training -----------------------------------------------------------------------------------
-    pre_args = phase_arguments(base_args, exp, "pretrain")
+
+def pretrain(
+    run: run_flow.ExampleRun, exp: FuzzyBooleanArguments, data: dict[str, TensorBatchDataset]
+) -> tuple[dict[str, Any], str, Trainer]:
+    """Pre-train on the pre-training functions (or load --pretrained_model) and evaluate; return the results, the
+    pre-trained model's folder and the Trainer."""
+    args = phase_arguments(run.args, exp, "pretrain")
     if exp.pretrained_model:
-        logger.info("Pre-trained model loaded from %s (pre-training skipped)", exp.pretrained_model)
-        model, pretrain_dir = pretrained, exp.pretrained_model
-        trainer = make_trainer(model, pre_args, datasets["pretrain"]["train"], datasets["pretrain"]["test"])
-        pretraining: dict[str, Any] = {"checkpoint": pretrain_dir}
-    else:
-        set_seed(base_args.seed)
-        names = [f"f{i}" for i in range(exp.num_pretrain_functions)]
-        model = NeuralInterpreterForSetRegression(
-            NeuralInterpreterConfig.from_paper("fuzzy_boolean", task_names=names)
+        model = run.model(
+            NeuralInterpreterForSetRegression,
+            path=exp.pretrained_model,
+            allow_mismatched_weights=exp.allow_mismatched_weights,
+            option="--pretrained_model",
         )
-        trainer = make_trainer(model, pre_args, datasets["pretrain"]["train"], datasets["pretrain"]["test"])
+        logger.info("Pre-trained model loaded from %s (pre-training skipped)", exp.pretrained_model)
+        trainer = make_trainer(model, args, data["train"], data["test"])
+        pretraining: dict[str, Any] = {"checkpoint": exp.pretrained_model}
+    else:
+        resume = pretraining_resume_point(run.args.resume_from_checkpoint, Path(args.output_dir), args)
+        set_seed(run.args.seed)
+        names = [f"f{i}" for i in range(exp.num_pretrain_functions)]
+        config = NeuralInterpreterConfig.from_paper("fuzzy_boolean", task_names=names)
+        model = run.model(NeuralInterpreterForSetRegression, config=config)
+        trainer = make_trainer(model, args, data["train"], data["test"])
         logger.info(
             "Pre-training %d parameters on %d functions%s", model.num_parameters(), len(names),
             f", resumed from {resume}" if resume else "",
         )  # fmt: skip
-        pretraining = {**train_phase(trainer, resume), "resumed_from": resume}
-        pretrain_dir = pre_args.output_dir
-    test = datasets["pretrain"]["test"]
-    results["pretraining"] = {**pretraining, **evaluate(trainer, model, test, exp.batch_size, "pretraining")}
-    del trainer, model
+        pretraining = {**train_phase(run, trainer, resume), "resumed_from": resume}
+    results = {**pretraining, **evaluate(trainer, model, data["test"], exp.batch_size, "pretraining")}
+    return results, exp.pretrained_model or args.output_dir, trainer
 
-    # --- adaptation -------------------------------------------------------------------------------------
-    for setting in settings:
-        model = load_model(pretrain_dir, exp.allow_mismatched_weights)
-        torch.manual_seed(base_args.seed + 1)  # the same fresh CLS tokens in every setting
-        model.neural_interpreter.reset_task_tokens(adapt_names)
-        counts = set_adaptation_trainable(model, setting)
-        param_groups = None
-        if exp.adapt_pretrained_learning_rate is not None:
-            param_groups = adaptation_param_groups(
-                model, exp.adapt_learning_rate, exp.adapt_pretrained_learning_rate
-            )
-        logger.info("Adaptation %r: trainable parameters %s", setting, counts)
-        set_seed(base_args.seed)
-        adapt_args = phase_arguments(base_args, exp, f"adapt-{setting}")
-        trainer = make_trainer(
-            model, adapt_args, datasets["adapt"]["train"], datasets["adapt"]["test"], param_groups
+
+def adapt(
+    run: run_flow.ExampleRun,
+    exp: FuzzyBooleanArguments,
+    data: dict[str, TensorBatchDataset],
+    pretrain_dir: str,
+    setting: str,
+) -> tuple[dict[str, Any], Trainer]:
+    """Adapt the pre-trained model to the new functions in one setting (fresh CLS tokens, the setting's parameter
+    groups trained) and evaluate; return the results and the Trainer."""
+    model = run.model(
+        NeuralInterpreterForSetRegression,
+        path=pretrain_dir,
+        allow_mismatched_weights=exp.allow_mismatched_weights,
+        option="--pretrained_model",
+    )
+    torch.manual_seed(run.args.seed + 1)  # the same fresh CLS tokens in every setting
+    model.neural_interpreter.reset_task_tokens(
+        [f"f{exp.num_pretrain_functions + i}" for i in range(exp.num_adapt_functions)]
+    )
+    counts = set_adaptation_trainable(model, setting)
+    param_groups = None
+    if exp.adapt_pretrained_learning_rate is not None:
+        param_groups = adaptation_param_groups(
+            model, exp.adapt_learning_rate, exp.adapt_pretrained_learning_rate
         )
-        results["adaptation"][setting] = {
-            "label": model_cards.FUZZY_BOOLEAN_TABLE_1[setting][0],
-            "trainable_parameters": counts,
-            **train_phase(trainer),
-            **evaluate(trainer, model, datasets["adapt"]["test"], exp.batch_size, setting),
-        }
-        del trainer, model
+    logger.info("Adaptation %r: trainable parameters %s", setting, counts)
+    set_seed(run.args.seed)
+    args = phase_arguments(run.args, exp, f"adapt-{setting}")
+    trainer = make_trainer(model, args, data["train"], data["test"], param_groups)
+    results = {
+        "label": model_cards.FUZZY_BOOLEAN_TABLE_1[setting][0],
+        "trainable_parameters": counts,
+        **train_phase(run, trainer),
+        **evaluate(trainer, model, data["test"], exp.batch_size, setting),
+    }
+    return results, trainer
 
-    # --- results, model card, upload --------------------------------------------------------------------
-    results["environment"] = run_setup.environment(base_args)
-    results["wall_time_s"] = time.perf_counter() - start_time
-    if base_args.process_index != 0:
-        return results
+
+def write_results_and_card(
+    run: run_flow.ExampleRun,
+    exp: FuzzyBooleanArguments,
+    results: dict[str, Any],
+    datasets: dict[str, dict[str, TensorBatchDataset]],
+) -> None:
+    """fuzzy_boolean_results.{json,md} and the model card with each saved model's routing on held-out points."""
+    output_dir = Path(run.args.output_dir)
     markdown = model_cards.fuzzy_boolean_results_markdown(results)
     run_setup.write_results(output_dir, RESULTS, results, markdown)
     test_inputs = {"pretrain": datasets["pretrain"]["test"].inputs}
-    test_inputs.update({f"adapt-{setting}": datasets["adapt"]["test"].inputs for setting in settings})
-    command, launcher_note = publishing.reconstruct_command(__file__, argv, world_size)
+    test_inputs.update(
+        {f"adapt-{setting}": datasets["adapt"]["test"].inputs for setting in results["adaptation"]}
+    )
+    command, launcher_note = run.command()
     card_path = model_cards.write_fuzzy_boolean_model_card(
         output_dir,
         results,
         markdown=markdown,
-        repo_id=publishing.hub_repo_id(base_args),
+        repo_id=publishing.hub_repo_id(run.args),
         command=command,
         launcher_note=launcher_note,
         protocol_note=PRESETS[exp.preset].help,
@@ -598,12 +657,50 @@ def main(args: Sequence[str] | None = None) -> dict[str, Any]:
         routing=model_cards.fuzzy_boolean_routing_section(output_dir, test_inputs),
     )
     logger.info("Model card written to %s", card_path)
-    if push_to_hub:
-        publishing.push_run(
-            output_dir,
-            base_args,
-            "Neural Interpreter fuzzy-Boolean experiment (examples/run_fuzzy_boolean.py)",
-        )
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+
+
+def parse_args(
+    args: Sequence[str] | None = None,
+) -> tuple[FuzzyBooleanArguments, FuzzyBooleanTrainingArguments]:
+    """Parse the command line (``args``; default sys.argv) into the two dataclasses, ``--preset``'s values first,
+    without the checks of ``main``."""
+    return parse_with_presets(HfArgumentParser(ARGUMENTS), PRESETS, args)
+
+
+def main(args: Sequence[str] | None = None) -> dict[str, Any]:
+    """Pre-train, adapt in each setting, evaluate; write the results and the model card, push; return the results."""
+    argv = run_flow.argv_of(args)
+    refuse_phase_fields(argv)
+    exp, base_args = run_flow.parse_arguments(ARGUMENTS, PRESETS, argv, check=check_arguments, prog=PROG)
+    with run_flow.ExampleRun.start(__file__, argv, base_args, logger) as run:
+        return run_protocol(run, exp)
+
+
+def run_protocol(run: run_flow.ExampleRun, exp: FuzzyBooleanArguments) -> dict[str, Any]:
+    """The data, pre-training, each adaptation setting, the results and the card, the push."""
+    start_time = time.perf_counter()
+    if data_transfer.compile_for_static_batches(run.args):
+        logger.info("torch.compile for static shapes: an epoch's last, smaller batch gets a graph of its own")
+    sizes = protocol_sizes(exp, run.args.world_size)
+    logger.info("Protocol %s: %s", exp.preset, sizes)
+    datasets = make_datasets(exp)
+    results: dict[str, Any] = {
+        "protocol": sizes,
+        "arguments": dataclasses.asdict(exp),
+        "seed": run.args.seed,
+        "adaptation": {},
+    }
+    results["pretraining"], pretrain_dir, trainer = pretrain(run, exp, datasets["pretrain"])
+    for setting in exp.setting_names():
+        results["adaptation"][setting], trainer = adapt(run, exp, datasets["adapt"], pretrain_dir, setting)
+    results["environment"] = run_setup.environment(run.args)
+    results["wall_time_s"] = time.perf_counter() - start_time
+    if run.is_main_process:
+        write_results_and_card(run, exp, results, datasets)
+    run.finish(trainer, "Neural Interpreter fuzzy-Boolean experiment (examples/run_fuzzy_boolean.py)")
     return results
 
 

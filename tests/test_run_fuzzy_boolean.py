@@ -28,6 +28,7 @@ from ni_hf import (
     NeuralInterpreterForSetRegression,
 )
 from ni_hf.data.fuzzy_boolean import TensorBatchDataset, batch_collator, make_fuzzy_boolean_tensors
+from ni_hf.training.checkpoints import verify_weights_checksum
 from ni_hf.training.evaluation import r2_per_function
 from ni_hf.training.model_cards import FUZZY_BOOLEAN_ROUTING_POINTS, fuzzy_boolean_routing_section
 
@@ -148,6 +149,8 @@ def test_quick_protocol_writes_results(quick_run: tuple[dict[str, Any], Path]) -
     assert f"Pre-training steps: 4 in {pre['train_runtime_s']:.1f} s" in markdown
     assert results["environment"]["mixed_precision"] == "no" and "autocast" not in markdown
     assert "mixed precision: no" in (output_dir / "README.md").read_text()
+    for folder in ["pretrain"] + [f"adapt-{setting}" for setting in SETTINGS]:  # each saved model's SHA-256
+        assert verify_weights_checksum(output_dir / folder), folder
 
 
 CARD_SNIPPET_CHECK = """
@@ -437,8 +440,11 @@ def test_two_rates_reach_the_adaptation_and_its_results(script: ModuleType, tmp_
 # --- resuming ---------------------------------------------------------------------------------------------
 
 
-def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: ModuleType, tmp_path: Path) -> None:
-    """4 steps, then the same command continued to 6 steps, give the weights of 6 steps in one go.
+def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(
+    script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """4 steps, then the same command continued to 6 steps, give the weights and the train_loss (the mean over all
+    6 steps) of 6 steps in one go; the finished run of 4 steps is not resumed (it would train past its end).
 
     This is how the full protocol is run in pieces on a CPU: `--resume_from_checkpoint last` with periodic saves.
     """
@@ -447,6 +453,12 @@ def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: Module
     first = script.main([*common, *pieces, "--output_dir", str(tmp_path / "pieces")])
     assert first["pretraining"]["train_steps"] == 4 and first["pretraining"]["resumed_from"] is None
     assert (tmp_path / "pieces" / "pretrain" / "checkpoint-4").is_dir()
+    err = refusal(script, [*common, *pieces, "--output_dir", str(tmp_path / "pieces")], capsys)
+    assert "checkpoint-4 is step 4, and this run ends at step 4" in err
+    assert (
+        f"pass --pretrained_model {tmp_path / 'pieces' / 'pretrain'} instead of --resume_from_checkpoint"
+        in err
+    )
     initial = _state(tmp_path / "pieces" / "pretrain" / "checkpoint-4")
     second = script.main(
         [*common, *pieces, "--pretrain_max_steps", "6", "--output_dir", str(tmp_path / "pieces")]
@@ -463,6 +475,9 @@ def test_pretraining_resumed_from_checkpoint_equals_uninterrupted(script: Module
         torch.testing.assert_close(resumed[name], value, rtol=1e-5, atol=1e-6, msg=name)
     np.testing.assert_allclose(
         second["pretraining"]["r2_per_function"], straight["pretraining"]["r2_per_function"], rtol=1e-4
+    )
+    assert second["pretraining"]["final_train_loss"] == pytest.approx(
+        straight["pretraining"]["final_train_loss"], rel=1e-5
     )
 
 
@@ -531,7 +546,7 @@ def test_two_processes_keep_the_protocol_global_batch_and_write_results_once(tmp
 
 NO_SUCH = "/nonexistent/fuzzy_boolean"
 BAD_ARGUMENTS = [
-    (["--preset", "fast"], "--preset 'fast': expected one of \\['full', 'reduced', 'quick'\\]"),
+    (["--preset", "fast"], "--preset given 2 times; a run starts from one preset"),
     (
         ["--learning_rate", "0.1"],
         "--learning_rate 0.1: the protocol sets it for each phase; use --pretrain_learning_rate",
@@ -543,6 +558,13 @@ BAD_ARGUMENTS = [
     (["--lr_scheduler_type", "cosine"], "--lr_scheduler_type cosine: .* constant"),
     (["--warmup_steps", "10"], "--warmup_steps 10"),
     (["--optim", "sgd"], "--optim sgd: .* RAdam"),
+    (["--radam", "false"], "--radam False: the protocol sets it .* both phases use RAdam"),
+    (["--do_train", "false"], "--do_train False: .* use --pretrained_model .* or --settings none"),
+    (["--do_eval", "false"], "--do_eval False: .* every phase is evaluated"),
+    (
+        ["--max_train_minutes", "5"],
+        "--max_train_minutes: the protocol's phases run for their epochs or steps",
+    ),
     (["--points_per_function", "0"], "--points_per_function must be at least 1, got 0"),
     (
         ["--points_per_function", "5"],
@@ -644,6 +666,13 @@ def test_a_bad_argument_is_refused_before_any_work_naming_the_option(
     assert not output_dir.exists()
 
 
+def test_an_unknown_preset_is_refused_naming_the_presets(
+    script: ModuleType, tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture
+) -> None:
+    err = refusal(script, ["--preset", "fast", "--output_dir", str(tmp_path / "o")], capsys)
+    assert "--preset 'fast': expected one of ['full', 'reduced', 'quick']" in err
+
+
 def test_a_batch_that_does_not_fit_the_device_is_refused(
     script: ModuleType,
     tmp_path: Path,
@@ -724,6 +753,10 @@ def test_weights_that_do_not_fit_the_pretrained_model_are_refused_naming_the_fil
     digits = tmp_path / "digits"
     NeuralInterpreterForImageClassification(tester.get_config()).save_pretrained(digits)
     shutil.copyfile(digits / "model.safetensors", folder / "model.safetensors")
+    # The run recorded its weights' SHA-256: a replaced file is refused as changed first.
+    err = refusal(script, ["--preset", "quick", "--pretrained_model", str(folder)], capsys)
+    assert f"{folder / 'model.safetensors'} has SHA-256" in err and "weights_sha256.json records" in err
+    (folder / "weights_sha256.json").unlink()  # replaced on purpose, as that error says to do
     err = refusal(script, ["--preset", "quick", "--pretrained_model", str(folder)], capsys)
     assert f"{folder / 'model.safetensors'} does not fit NeuralInterpreterForSetRegression" in err
     assert "--allow_mismatched_weights" in err
@@ -732,6 +765,21 @@ def test_weights_that_do_not_fit_the_pretrained_model_are_refused_naming_the_fil
             ["--preset", "quick", "--pretrained_model", str(folder), "--allow_mismatched_weights", "true"]
             + ["--output_dir", str(tmp_path / "o")]
         )
+
+
+def test_resuming_a_finished_pretraining_without_checkpoints_is_refused(
+    script: ModuleType,
+    quick_run: tuple[dict[str, Any], Path],
+    no_work: None,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """`--resume_from_checkpoint last` on a folder whose pre-training finished and kept no checkpoint would train
+    anew over the final model: refused, pointing to --pretrained_model."""
+    output_dir = quick_run[1]
+    argv = ["--preset", "quick", "--resume_from_checkpoint", "last", "--output_dir", str(output_dir)]
+    err = refusal(script, argv, capsys)
+    assert f"{output_dir / 'pretrain'} holds the model of a finished pre-training" in err
+    assert f"pass --pretrained_model {output_dir / 'pretrain'} instead" in err
 
 
 def test_an_incomplete_checkpoint_is_refused(
