@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,63 @@ def _per_task_table(study: dict[str, Any], key_name: str, caption: str) -> list[
     return [*lines, ""]
 
 
+def _curve_name(results: dict[str, Any], study: str) -> str:
+    if results.get("architecture") == "vit":
+        return f"{_label(results)}, pre-trained"
+    return (
+        f"{_label(results)}, {'re-drawn' if study == 'reinitialized_functions' else 'pre-trained'} functions"
+    )
+
+
+def _fast_adaptation_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Accuracy against the training samples N, one column per curve (fast adaptation, re-drawn functions)."""
+    curves = [
+        (_curve_name(r, s), r[s], r["arguments"])
+        for r in runs
+        for s in ("fast_adaptation", "reinitialized_functions")
+        if r.get(s)
+    ]
+    if not curves:
+        return []
+    sizes = sorted({int(n) for _, study, _ in curves for n in study})
+    lines = ["Fine-tuning on N samples of the new dataset, all parameters; test accuracy (%).", ""]
+    lines += ["| training samples | " + " | ".join(name for name, _, _ in curves) + " |"]
+    lines += ["|---" * (len(curves) + 1) + "|"]
+    for n in sizes:
+        cells = [_fmt(study[str(n)]) if str(n) in study else "" for _, study, _ in curves]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    settings = {
+        f"{name}: {a['adapt_epochs']:g} epochs, RAdam {a['adapt_learning_rate']:g}": None
+        for name, _, a in curves
+    }
+    return [*lines, "", "Settings: " + "; ".join(settings) + ".", ""]
+
+
+def _capacity_table(results: dict[str, Any]) -> list[str]:
+    arguments = results["arguments"]
+    lines = [
+        f"Capacity extension ({_label(results)}): functions added, then only codes, signatures, CLS token "
+        f"and head trained on {arguments['capacity_train_samples']} samples, RAdam "
+        f"{arguments['capacity_learning_rate']:g}; test accuracy (%) on {results['new_task']}.",
+        "",
+        "| functions per script | added | accuracy |",
+        "|---|---|---|",
+    ]
+    for u, entry in _by_int_key(results["capacity_extension"]):
+        lines.append(f"| {u} | {entry['new_functions']} | {_fmt(entry)} |")
+    return [*lines, ""]
+
+
+NO_TRAINING_TABLES = (
+    (
+        "dropped_functions",
+        "functions dropped per script",
+        ", mean ± std over the choices of dropped functions",
+    ),
+    ("function_iterations", "function iterations", " when the model stops after this many iterations"),
+)
+
+
 def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
     """The studies' tables (test accuracy in %, mean ± std (runs) over seeds or draws) of one or more runs."""
     lines: list[str] = []
@@ -74,50 +132,11 @@ def results_markdown(runs: Sequence[dict[str, Any]]) -> str:
             + (f", {precision} autocast" if precision != "no" else "")
         )
     lines.append("")
-    curves = [
-        (f"{_label(r)}, {'re-drawn' if s == 'reinitialized_functions' else 'pre-trained'} functions"
-         if r.get("architecture") != "vit" else f"{_label(r)}, pre-trained", r[s], r["arguments"])
-        for r in runs for s in ("fast_adaptation", "reinitialized_functions") if r.get(s)
-    ]  # fmt: skip
-    if curves:
-        sizes = sorted({int(n) for _, study, _ in curves for n in study})
-        lines += ["Fine-tuning on N samples of the new dataset, all parameters; test accuracy (%).", ""]
-        lines += ["| training samples | " + " | ".join(name for name, _, _ in curves) + " |"]
-        lines += ["|---" * (len(curves) + 1) + "|"]
-        for n in sizes:
-            cells = [_fmt(study[str(n)]) if str(n) in study else "" for _, study, _ in curves]
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        settings = {
-            f"{name}: {a['adapt_epochs']:g} epochs, RAdam {a['adapt_learning_rate']:g}": None
-            for name, _, a in curves
-        }
-        lines += ["", "Settings: " + "; ".join(settings) + ".", ""]
+    lines += _fast_adaptation_table(runs)
     for results in runs:
-        arguments = results["arguments"]
         if results.get("capacity_extension"):
-            lines += [
-                f"Capacity extension ({_label(results)}): functions added, then only codes, signatures, CLS token "
-                f"and head trained on {arguments['capacity_train_samples']} samples, RAdam "
-                f"{arguments['capacity_learning_rate']:g}; test accuracy (%) on {results['new_task']}.",
-                "",
-                "| functions per script | added | accuracy |",
-                "|---|---|---|",
-            ]
-            for u, entry in _by_int_key(results["capacity_extension"]):
-                lines.append(f"| {u} | {entry['new_functions']} | {_fmt(entry)} |")
-            lines.append("")
-        for study, key_name, what in (
-            (
-                "dropped_functions",
-                "functions dropped per script",
-                ", mean ± std over the choices of dropped functions",
-            ),
-            (
-                "function_iterations",
-                "function iterations",
-                " when the model stops after this many iterations",
-            ),
-        ):
+            lines += _capacity_table(results)
+        for study, key_name, what in NO_TRAINING_TABLES:
             if results.get(study):
                 caption = (
                     f"{study.replace('_', ' ').capitalize()} ({_label(results)}): no training; test accuracy (%) "
@@ -139,6 +158,65 @@ def _errorbar(ax: Any, keys: Sequence[int], entries: Sequence[dict[str, Any]], *
     )
 
 
+def _plot_fast_adaptation(plt: Any, runs: Sequence[dict[str, Any]]) -> Any:
+    """Figure 4a / 5: accuracy against the training samples, one curve per run and study; None without any."""
+    curves = [(r, s) for r in runs for s in ("fast_adaptation", "reinitialized_functions") if r.get(s)]
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for results, study in curves:
+        name = _label(results) + (", re-drawn functions" if study == "reinitialized_functions" else "")
+        points = _by_int_key(results[study])
+        _errorbar(ax, [n for n, _ in points], [e for _, e in points], label=name,
+                  linestyle="--" if study == "reinitialized_functions" else "-")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    sizes = sorted({int(n) for results, study in curves for n in results[study]})
+    ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8, rotation=45 if len(sizes) > 5 else 0)
+    ax.minorticks_off()
+    ax.set_xlabel("training samples of the new dataset")
+    ax.set_ylabel(f"test accuracy on {curves[0][0]['new_task']} (%)")
+    ax.set_title("Fast adaptation (paper: Fig. 4a, 5)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _plot_capacity(plt: Any, results: dict[str, Any]) -> Any:
+    """Figure 4b: accuracy against the functions per script."""
+    fig, ax = plt.subplots(figsize=(4.5, 3.5))
+    points = _by_int_key(results["capacity_extension"])
+    _errorbar(ax, [u for u, _ in points], [e for _, e in points])
+    ax.set_xticks([u for u, _ in points])
+    ax.set_xlabel("functions per script (pre-trained + added)")
+    ax.set_ylabel(f"test accuracy on {results['new_task']} (%)")
+    ax.set_title("Capacity extension (paper: Fig. 4b)", fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _plot_per_task(plt: Any, study: dict[str, Any], xlabel: str, title: str) -> Any:
+    """A study without training: accuracy on all pre-training datasets (and each, when several) against its key."""
+    fig, ax = plt.subplots(figsize=(4.5, 3.5))
+    points = _by_int_key(study)
+    tasks = _pretraining_tasks(study)
+    for task in ["", *tasks] if len(tasks) > 1 else [""]:
+        key = f"accuracy_{task}" if task else "accuracy"
+        _errorbar(ax, [k for k, _ in points], [e[key] for _, e in points], label=task or "all")
+    ax.set_xticks([k for k, _ in points])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy, pre-training datasets (%)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+NO_TRAINING_PLOTS = (
+    ("dropped_functions", "functions dropped per script", "Dropped functions (paper: Fig. 4c)"),
+    ("function_iterations", "function iterations run", "Fewer function iterations"),
+)
+
+
 def write_plots(runs: Sequence[dict[str, Any]], output_dir: str | Path) -> list[Path]:
     """One PNG per study present in ``runs``; returns their paths (needs matplotlib, the ``vis`` extra)."""
     import matplotlib
@@ -148,63 +226,26 @@ def write_plots(runs: Sequence[dict[str, Any]], output_dir: str | Path) -> list[
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # Each figure drawn, saved and closed in turn: one open at a time.
+    figures: list[tuple[str, Callable[[], Any]]] = [
+        ("fast_adaptation", partial(_plot_fast_adaptation, plt, runs))
+    ]
+    for results in runs:
+        if results.get("capacity_extension"):
+            figures.append(("capacity_extension", partial(_plot_capacity, plt, results)))
+        for study, xlabel, title in NO_TRAINING_PLOTS:
+            if results.get(study):
+                figures.append((study, partial(_plot_per_task, plt, results[study], xlabel, title)))
     written = []
-
-    def save(fig: Any, name: str) -> None:
+    for name, draw in figures:
+        fig = draw()
+        if fig is None:
+            continue
         path = output_dir / f"{name}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=110, metadata={"Software": None})
         plt.close(fig)
         written.append(path)
-
-    curves = [(r, s) for r in runs for s in ("fast_adaptation", "reinitialized_functions") if r.get(s)]
-    if curves:
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for results, study in curves:
-            name = _label(results) + (", re-drawn functions" if study == "reinitialized_functions" else "")
-            points = _by_int_key(results[study])
-            _errorbar(ax, [n for n, _ in points], [e for _, e in points], label=name,
-                      linestyle="--" if study == "reinitialized_functions" else "-")  # fmt: skip
-        ax.set_xscale("log", base=2)
-        sizes = sorted({int(n) for results, study in curves for n in results[study]})
-        ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8, rotation=45 if len(sizes) > 5 else 0)
-        ax.minorticks_off()
-        ax.set_xlabel("training samples of the new dataset")
-        ax.set_ylabel(f"test accuracy on {curves[0][0]['new_task']} (%)")
-        ax.set_title("Fast adaptation (paper: Fig. 4a, 5)", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        save(fig, "fast_adaptation")
-    for results in runs:
-        if results.get("capacity_extension"):
-            fig, ax = plt.subplots(figsize=(4.5, 3.5))
-            points = _by_int_key(results["capacity_extension"])
-            _errorbar(ax, [u for u, _ in points], [e for _, e in points])
-            ax.set_xticks([u for u, _ in points])
-            ax.set_xlabel("functions per script (pre-trained + added)")
-            ax.set_ylabel(f"test accuracy on {results['new_task']} (%)")
-            ax.set_title("Capacity extension (paper: Fig. 4b)", fontsize=10)
-            ax.grid(alpha=0.3)
-            save(fig, "capacity_extension")
-        for study, xlabel, title in (
-            ("dropped_functions", "functions dropped per script", "Dropped functions (paper: Fig. 4c)"),
-            ("function_iterations", "function iterations run", "Fewer function iterations"),
-        ):
-            if not results.get(study):
-                continue
-            fig, ax = plt.subplots(figsize=(4.5, 3.5))
-            points = _by_int_key(results[study])
-            tasks = _pretraining_tasks(results[study])
-            for task in ["", *tasks] if len(tasks) > 1 else [""]:
-                key = f"accuracy_{task}" if task else "accuracy"
-                _errorbar(ax, [k for k, _ in points], [e[key] for _, e in points], label=task or "all")
-            ax.set_xticks([k for k, _ in points])
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("test accuracy, pre-training datasets (%)")
-            ax.set_title(title, fontsize=10)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-            save(fig, study)
     return written
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ from ni_hf.data.digits import (
     load_task_split,
     resolve_dataset_source,
 )
-from ni_hf.training import data_transfer, run_setup
+from ni_hf.training import data_transfer, run_flow, run_setup
 from ni_hf.training.checkpoints import load_checked
 from ni_hf.training.evaluation import CopiedPredictionsMixin, evaluate_multitask_accuracy
 from ni_hf.training.paths import check_model_path
@@ -94,8 +95,19 @@ RUN_FIELDS = {
     "optim": "nothing: every run uses RAdam (betas --adam_beta1/--adam_beta2, eps --adam_epsilon)",
     "seed": "--adaptation_seeds",
     "data_seed": "--adaptation_seeds",
+    "radam": "nothing: every run uses RAdam",
+    "do_train": "--studies dropped_functions,function_iterations (the studies without training)",
+    "do_eval": "nothing: every study's result is a test accuracy",
+    "save_strategy": "nothing: a run keeps no model or checkpoint, only its accuracy",
+}
+# Options of a training script that the studies have no use for, with the reason.
+UNUSED_OPTIONS = {
+    "resume_from_checkpoint": "every run starts from --model_name_or_path; rerun a study instead",
+    "max_train_minutes": "the runs have no time limit; lower --adapt_epochs or the sizes instead",
+    "push_to_hub": "the studies write results and plots, not a model; upload --output_dir with `hf upload`",
 }
 RESULTS = "adaptation_results"
+PROG = "run_digits_adaptation.py"
 
 
 @dataclass
@@ -219,6 +231,9 @@ class AdaptationTrainer(CopiedPredictionsMixin, Trainer):
     """Trainer whose evaluation keeps every batch's logits when the model runs through CUDA graphs."""
 
 
+ARGUMENTS = (AdaptationArguments, AdaptationTrainingArguments)
+
+
 # --- arguments ----------------------------------------------------------------------------------------------
 
 
@@ -241,10 +256,24 @@ def memory_needed(
     return 4 * (batch * tokens * config.hidden_size + functions * per_function)
 
 
-def check_arguments(exp: AdaptationArguments, base: TrainingArguments) -> list[str]:
-    """Refuse, naming the option, every value that would fail or be ignored later; return the studies to run."""
-    run_setup.check_fields_left_alone(base, RUN_FIELDS, "every fine-tuning run sets it")
-    run_setup.check_training_arguments(base)
+def refuse_run_fields(argv: Sequence[str]) -> None:
+    """Refuse the TrainingArguments that every fine-tuning run sets itself (RUN_FIELDS), naming the option to use.
+
+    Checked before ``run_flow.parse_arguments``' shared checks, whose advice for some of these fields (--radam false
+    to use --optim, --do_train false) does not hold for this script.
+    """
+    with run_setup.exit_on_bad_arguments(PROG):
+        _, base = parse_args(list(argv))
+        run_setup.check_fields_left_alone(base, RUN_FIELDS, "every fine-tuning run sets it")
+
+
+def check_arguments(
+    exp: AdaptationArguments, base: TrainingArguments, given: frozenset[str] = frozenset()
+) -> None:
+    """Refuse, naming the option, every value that would fail or be ignored later, before any data is loaded
+    (``run_flow.parse_arguments``' check; the fields of RUN_FIELDS are refused before it)."""
+    for name, reason in UNUSED_OPTIONS.items():
+        run_flow.refuse_unused(given, [name], reason)
     for name, minimum in (("num_train_samples", 1), ("adaptation_seeds", 0), ("capacity_new_functions", 0)):
         values = getattr(exp, name)
         run_setup.check_at_least(f"--{name}", values, minimum)
@@ -257,25 +286,9 @@ def check_arguments(exp: AdaptationArguments, base: TrainingArguments) -> list[s
     run_setup.per_device_batch_size(exp.batch_size, base.world_size)
     exp.model_name_or_path = check_model_path(exp.model_name_or_path)
     exp.dataset_source = resolve_dataset_source(exp.dataset_source, exp.data_dir)
-    studies = exp.study_names()
-    unknown = [s for s in studies if s not in STUDIES]
-    if unknown or not studies:
-        raise ValueError(f"--studies: unknown {unknown or 'none given'}; expected some of {list(STUDIES)}.")
+    studies = studies_to_run(exp)
     # Weights that do not fit the model are refused here, before any data.
     config = load_pretrained(exp.model_name_or_path, exp.allow_mismatched_weights).config
-    needs_functions = [s for s in studies if s in FUNCTION_STUDIES]
-    if is_vit_checkpoint(exp.model_name_or_path) and needs_functions:
-        if exp.studies != AdaptationArguments.studies:
-            raise ValueError(
-                f"--studies {','.join(needs_functions)}: {exp.model_name_or_path} is a multi-task ViT, and these "
-                "studies act on a Neural Interpreter's functions (re-drawn, added or dropped); a ViT checkpoint "
-                "runs fast_adaptation only."
-            )
-        logger.info(
-            f"{exp.model_name_or_path} is a multi-task ViT: running fast_adaptation only ({', '.join(needs_functions)} "
-            "need a Neural Interpreter's functions)."
-        )
-        studies = [s for s in studies if s not in FUNCTION_STUDIES]
     known = known_task_names(exp.dataset_source)
     new_task = canonical_task_name(exp.new_task)
     if exp.dataset_source != "local" and new_task not in known and set(studies) & set(TRAINING_STUDIES):
@@ -286,7 +299,25 @@ def check_arguments(exp: AdaptationArguments, base: TrainingArguments) -> list[s
     if "capacity_extension" in studies:
         flags += f" and --capacity_new_functions {max(exp.capacity_new_functions)}"
     run_setup.check_memory(memory_needed(exp, studies, base, config), base.device, flags, "for one batch")
-    return studies
+
+
+def studies_to_run(exp: AdaptationArguments) -> list[str]:
+    """The studies asked for (``--studies``); for a multi-task ViT checkpoint, those it has: the function studies
+    are refused when asked for by name, and left out of the default."""
+    studies = exp.study_names()
+    unknown = [s for s in studies if s not in STUDIES]
+    if unknown or not studies:
+        raise ValueError(f"--studies: unknown {unknown or 'none given'}; expected some of {list(STUDIES)}.")
+    needs_functions = [s for s in studies if s in FUNCTION_STUDIES]
+    if not (needs_functions and is_vit_checkpoint(exp.model_name_or_path)):
+        return studies
+    if exp.studies != AdaptationArguments.studies:
+        raise ValueError(
+            f"--studies {','.join(needs_functions)}: {exp.model_name_or_path} is a multi-task ViT, and these "
+            "studies act on a Neural Interpreter's functions (re-drawn, added or dropped); a ViT checkpoint "
+            "runs fast_adaptation only."
+        )
+    return [s for s in studies if s not in FUNCTION_STUDIES]
 
 
 def check_sizes(exp: AdaptationArguments, studies: list[str], available: int, task_name: str) -> None:
@@ -407,7 +438,11 @@ def finetune(
     seed: int,
     output_dir: Path,
 ) -> dict[str, Any]:
-    """Fine-tune with RAdam at a constant rate for ``exp.adapt_epochs``; returns steps, loss and time."""
+    """Fine-tune with RAdam at a constant rate for ``exp.adapt_epochs``; returns steps, loss and time.
+
+    A study's run keeps only its accuracy, so it trains with ``Trainer.train`` rather than ``ExampleRun.train``,
+    which would save every run's model; its RAdam has the run's own rate, not the one of ``ExampleRun.optimizer``.
+    """
     args = dataclasses.replace(
         base, output_dir=str(output_dir), learning_rate=learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         num_train_epochs=exp.adapt_epochs, max_steps=-1, per_device_train_batch_size=exp.batch_size // base.world_size,
@@ -551,22 +586,74 @@ def run_dropped_functions(
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[AdaptationArguments, AdaptationTrainingArguments]:
-    """The command line, with ``--preset``'s values as defaults."""
-    parser = HfArgumentParser((AdaptationArguments, AdaptationTrainingArguments))
-    return parse_with_presets(parser, PRESETS, argv)
+    """The command line, with ``--preset``'s values as defaults, without the checks of ``main``."""
+    return parse_with_presets(HfArgumentParser(ARGUMENTS), PRESETS, argv)
+
+
+@dataclass
+class NewTask:
+    """The new dataset of the training studies: its training split, test split (preprocessed) and classes."""
+
+    name: str
+    train: datasets.Dataset
+    test: datasets.Dataset
+    num_labels: int
+
+
+def load_new_task(
+    exp: AdaptationArguments, studies: list[str], processor: NeuralInterpreterImageProcessor
+) -> NewTask:
+    """The new dataset, after checking that its training split holds every size the studies draw (else exit 2)."""
+    name = canonical_task_name(exp.new_task)
+    train = load_task_split(exp.new_task, "train", exp.dataset_source, exp.data_dir)
+    with run_setup.exit_on_bad_arguments(PROG):
+        check_sizes(exp, studies, len(train), name)
+    test = load_task_split(
+        exp.new_task, "test", exp.dataset_source, exp.data_dir, max_samples=exp.max_eval_samples
+    )
+    return NewTask(
+        name=name,
+        train=train.with_transform(DigitsTransform(processor, task_id=0)),
+        test=test.with_transform(DigitsTransform(processor, task_id=0)),
+        num_labels=num_classes(train),
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the requested studies; write and return the results."""
-    with run_setup.exit_on_bad_arguments("run_digits_adaptation.py"):
-        exp, base = parse_args(argv)
-        run_setup.setup_logging(base, logger)
-        studies = check_arguments(exp, base)
+    argv = run_flow.argv_of(argv)
+    refuse_run_fields(argv)
+    exp, base = run_flow.parse_arguments(ARGUMENTS, PRESETS, argv, check=check_arguments, prog=PROG)
+    studies = studies_to_run(exp)
+    processor = NeuralInterpreterImageProcessor()
+    # Loaded before the run starts, so that a size the split cannot give is refused with nothing written.
+    training = [s for s in studies if s in TRAINING_STUDIES]
+    new_task = load_new_task(exp, training, processor) if training else None
+    with run_flow.ExampleRun.start(__file__, argv, base, logger) as run:
+        return run_studies(run, exp, studies, processor, new_task)
+
+
+def run_studies(
+    run: run_flow.ExampleRun,
+    exp: AdaptationArguments,
+    studies: list[str],
+    processor: NeuralInterpreterImageProcessor,
+    new_task: NewTask | None,
+) -> dict[str, Any]:
+    """Each study in turn, then the results and plots (main process)."""
+    base = run.args
+    # transformers' INFO at each of the many Trainers and checkpoint loads would bury the studies' own log.
+    if base.log_level == "passive":
+        transformers.utils.logging.set_verbosity_warning()
     if data_transfer.compile_for_static_batches(base):
         logger.info(data_transfer.STATIC_BATCHES_NOTE)
     vit = is_vit_checkpoint(exp.model_name_or_path)
-    output_dir = Path(base.output_dir)
-    processor = NeuralInterpreterImageProcessor()
+    left_out = [s for s in exp.study_names() if s not in studies]
+    if left_out:
+        logger.info(
+            f"{exp.model_name_or_path} is a multi-task ViT: running {', '.join(studies)} only ({', '.join(left_out)} "
+            "need a Neural Interpreter's functions)."
+        )
     results: dict[str, Any] = {
         "model": exp.model_name_or_path,
         "architecture": "vit" if vit else "neural_interpreter",
@@ -574,24 +661,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "arguments": dataclasses.asdict(exp),
         "studies": studies,
     }
-    training_studies = [s for s in studies if s in TRAINING_STUDIES]
-    if training_studies:
-        task_name = results["new_task"]
-        train_raw = load_task_split(exp.new_task, "train", exp.dataset_source, exp.data_dir)
-        with run_setup.exit_on_bad_arguments("run_digits_adaptation.py"):
-            check_sizes(exp, training_studies, len(train_raw), task_name)
-        test_raw = load_task_split(
-            exp.new_task, "test", exp.dataset_source, exp.data_dir, max_samples=exp.max_eval_samples
-        )
-        labels = num_classes(train_raw)
-        train = train_raw.with_transform(DigitsTransform(processor, task_id=0))
-        test = test_raw.with_transform(DigitsTransform(processor, task_id=0))
+    if new_task is not None:
         logger.info(
-            f"New dataset {task_name} ({exp.dataset_source}): {len(train)} training images available, "
-            f"{len(test)} test images, {labels} classes"
+            f"New dataset {new_task.name} ({exp.dataset_source}): {len(new_task.train)} training images available, "
+            f"{len(new_task.test)} test images, {new_task.num_labels} classes"
         )
-        for study in training_studies:
-            results[study] = run_training_study(study, exp, base, train, test, task_name, labels)
+    for study in (s for s in studies if s in TRAINING_STUDIES):
+        results[study] = run_training_study(
+            study, exp, base, new_task.train, new_task.test, new_task.name, new_task.num_labels
+        )
     if "dropped_functions" in studies:
         results["dropped_functions"] = run_dropped_functions(exp, processor, show_progress=base.should_log)
     if "function_iterations" in studies:
@@ -599,8 +677,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             exp, processor, show_progress=base.should_log
         )
     results["environment"] = run_setup.environment(base)
-    if base.process_index != 0:
-        return results
+    if run.is_main_process:
+        write_results_and_plots(results, Path(base.output_dir))
+    return results
+
+
+def write_results_and_plots(results: dict[str, Any], output_dir: Path) -> None:
+    """adaptation_results.{json,md} and one PNG per study (without matplotlib, none, with a warning)."""
     run_setup.write_results(output_dir, RESULTS, results, results_markdown([results]))
     try:
         plots = write_plots([results], output_dir)
@@ -608,7 +691,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         logger.warning("matplotlib is not installed (pip install 'ni_hf[vis]'): no plots drawn.")
     else:
         logger.info(f"Plots: {', '.join(str(p) for p in plots)}")
-    return results
 
 
 if __name__ == "__main__":

@@ -352,6 +352,20 @@ BAD_ARGUMENTS = [
     (["--lr_scheduler_type", "cosine"], "--lr_scheduler_type cosine: .* constant"),
     (["--dataloader_num_workers", "-2"], "--dataloader_num_workers must be at least 0, got -2"),
     (
+        ["--num_train_epochs", "0"],
+        "--num_train_epochs 0.0: every fine-tuning run sets it; use --adapt_epochs",
+    ),
+    (["--optim", "sgd"], "--optim sgd: every fine-tuning run sets it; use nothing: every run uses RAdam"),
+    (["--radam", "false"], "--radam False: every fine-tuning run sets it; use nothing: every run uses RAdam"),
+    (["--do_train", "false"], "--do_train False: .* use --studies dropped_functions,function_iterations"),
+    (["--save_strategy", "steps"], "--save_strategy steps: .* a run keeps no model or checkpoint"),
+    (
+        ["--resume_from_checkpoint", "last"],
+        "--resume_from_checkpoint: every run starts from --model_name_or_path",
+    ),
+    (["--max_train_minutes", "5"], "--max_train_minutes: the runs have no time limit"),
+    (["--push_to_hub"], "--push_to_hub: the studies write results and plots, not a model"),
+    (
         ["--new_task", "cifar10", "--dataset_source", "sklearn"],
         "--new_task cifar10: not a dataset of --dataset_source sklearn",
     ),
