@@ -9,12 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.pgm_generator import META_TARGET_NAMES
+from ..data.pgm_generator import META_TARGET_NAMES, RELATIONS
 from .numbers import _step_name
 from .trace import RoutingTrace, _check_trace, _class_labels
 
-# DeepMind's meta target: 2 object bits, 5 attribute bits, then one bit per relation type (Barrett et al. 2018).
-RELATION_TYPES = META_TARGET_NAMES[7:]
+RELATION_TYPES = RELATIONS  # the relation types of PGM's meta targets, in DeepMind's column order
 
 
 @dataclass
