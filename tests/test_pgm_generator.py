@@ -334,6 +334,20 @@ def test_panels_render_at_several_sizes(panel_size):
             assert not np.array_equal(candidates[a], candidates[b]), (panel_size, i, a, b)
 
 
+@pytest.mark.parametrize("free_attributes", FREE_ATTRIBUTES)
+def test_every_two_candidates_differ_visibly_from_32_pixels_up(free_attributes):
+    """At LEGIBLE_PANEL_SIZE every two candidates differ by >= MIN_VISIBLE_DIFFERENCE grey levels in a pixel."""
+    assert (pgm.LEGIBLE_PANEL_SIZE, pgm.MIN_VISIBLE_DIFFERENCE) == (32, 16)
+    for panel_size in (32, 48, 80):
+        smallest = 255
+        for regime in ("neutral", "interpolation", "attrs.line.type"):
+            for structure in _structures(regime, "train", free_attributes)[:60]:
+                images = render_panels(structure.candidates, panel_size).reshape(8, -1).astype(int)
+                for a, b in itertools.combinations(range(8), 2):
+                    smallest = min(smallest, int(np.abs(images[a] - images[b]).max()))
+        assert smallest >= pgm.MIN_VISIBLE_DIFFERENCE, (panel_size, smallest)
+
+
 def test_shapes_are_drawn_in_their_cells():
     size = 48
     centres = [(int((c // 3 + 0.5) * size / 3), int((c % 3 + 0.5) * size / 3)) for c in range(9)]

@@ -11,6 +11,7 @@ matrix's values and objects), ``candidates`` (the answer and 7 incorrect panels)
 ``generator`` (puzzles by index and the map-style dataset ``PGMGenerator``).
 """
 
+from .candidates import LEGIBLE_PANEL_SIZE, MIN_VISIBLE_DIFFERENCE
 from .generator import PGMGenerator, generate_puzzle, puzzle_structure
 from .rendering import render_panel, render_panels
 from .rules import (
@@ -53,7 +54,9 @@ __all__ = [
     "HELD_OUT_ATTRIBUTE_PAIRS",
     "HELD_OUT_TRIPLES",
     "HELD_OUT_TRIPLE_PAIRS",
+    "LEGIBLE_PANEL_SIZE",
     "LINE_TYPES",
+    "MIN_VISIBLE_DIFFERENCE",
     "META_TARGET_NAMES",
     "NUM_COLORS",
     "NUM_SIZES",

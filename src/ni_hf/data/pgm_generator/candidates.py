@@ -12,6 +12,9 @@ import itertools
 import random
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from .rendering import render_panels
 from .rules import (
     _NUMBER,
     _SET_OPERATIONS,
@@ -24,9 +27,14 @@ from .rules import (
 )
 from .sampling import _Frame, _realize, _set_splits, progression_steps
 
+# Every two candidates differ by at least MIN_VISIBLE_DIFFERENCE grey levels in some pixel when drawn at
+# LEGIBLE_PANEL_SIZE pixels (more at larger sizes: a thin line's one grey step fades below it at 24 pixels and less).
+LEGIBLE_PANEL_SIZE = 32
+MIN_VISIBLE_DIFFERENCE = 16
+
 _DESIGN_TRIES = 12
 # Draws from the answer's distribution per attribute: enough to find 7 other values where they exist.
-_POOL_DRAWS = 40
+_POOL_DRAWS = 24
 
 
 def _make_candidates(
@@ -36,7 +44,7 @@ def _make_candidates(
     answer_spec: dict[ObjectAttribute, Value],
     rng: random.Random,
 ) -> list[Panel] | None:
-    """The answer then 7 distinct incorrect candidates (None when no design could be realised)."""
+    """The answer then 7 distinct, legible incorrect candidates (None when no design could be realised)."""
     pools = {key: _alternatives(frame, key, answer_spec[key], context[7], rng) for key in frame.relation}
     designs = _designs([len(pool) for pool in pools.values()])
     if not designs:
@@ -55,11 +63,18 @@ def _make_candidates(
             if panel is None or panel in panels or _satisfies(frame.triples, context, panel):
                 break
             panels.append(panel)
-        if len(panels) == 8:
+        if len(panels) == 8 and _legible(panels):
             return panels
         # Another try takes other values where the pools have more.
         pools = {key: _rotate(pool, rng) for key, pool in pools.items()}
     return None
+
+
+def _legible(panels: Sequence[Panel]) -> bool:
+    """Whether every two of ``panels`` differ by >= MIN_VISIBLE_DIFFERENCE somewhere at LEGIBLE_PANEL_SIZE."""
+    images = render_panels(panels, LEGIBLE_PANEL_SIZE).reshape(len(panels), -1).astype(np.int16)
+    first, second = np.triu_indices(len(panels), 1)
+    return int(np.abs(images[first] - images[second]).max(axis=1).min()) >= MIN_VISIBLE_DIFFERENCE
 
 
 def _designs(capacities: Sequence[int]) -> list[tuple[int, ...]]:
@@ -92,9 +107,8 @@ def _alternatives(
     excluded = {answer, last_value}
     if relation in SET_RELATIONS:
         union_max = min(_SET_UNION_MAX[key], len(domain))
-        conditional = _distinct_draws(
-            lambda: _third_set(relation, domain, union_max, last_value, rng), excluded
-        )
+        third_set = _third_set_sampler(relation, domain, union_max, last_value, rng)
+        conditional = _distinct_draws(third_set, excluded)
         distances = [len(v ^ last_value) for v in (answer, *conditional)]
         mirrored = _distinct_draws(
             lambda: _set_at_distance(domain, union_max, last_value, rng.choice(distances), rng),
@@ -140,21 +154,26 @@ def _distinct_draws(draw: Callable[[], Value | None], excluded: set[Value]) -> l
     return values
 
 
-def _third_set(
+def _third_set_sampler(
     relation: str, domain: tuple[int, ...], union_max: int, last: frozenset[int], rng: random.Random
-) -> frozenset[int] | None:
-    """``v7 op last`` for a seventh panel ``v7`` drawn as the generator draws it beside ``last`` (None: none fits)."""
+) -> Callable[[], frozenset[int] | None]:
+    """Draws of ``v7 op last`` for seventh panels ``v7`` drawn as the generator draws them beside ``last``."""
     outside = [v for v in domain if v not in last]
+    inside = sorted(last)
     fitting = [
         (a, c)
         for a, b, c, _ in _set_splits(len(domain), union_max, relation)
         if b + c == len(last) and a <= len(outside)
     ]
-    if not fitting:
-        return None
-    a, c = rng.choice(fitting)
-    seventh = frozenset(rng.sample(sorted(last), c) + rng.sample(outside, a))
-    return _SET_OPERATIONS[relation](seventh, last)
+    operation = _SET_OPERATIONS[relation]
+
+    def draw() -> frozenset[int] | None:
+        if not fitting:
+            return None
+        a, c = fitting[rng.randrange(len(fitting))]
+        return operation(frozenset(rng.sample(inside, c) + rng.sample(outside, a)), last)
+
+    return draw
 
 
 def _set_at_distance(
