@@ -32,7 +32,9 @@ ACCURACY_PNG = "pgm_accuracy.png"
 ANYTIME_PNG = "pgm_anytime.png"
 EXPECTED = f"expected a {RESULTS_FILE} of examples/run_pgm.py (or a folder holding one)"
 
-ARCHITECTURES = {"neural_interpreter": "NI", "vit": "ViT"}
+# The models, and the context-blind baseline (the panel CNN and scorer seeing the candidates only): what a model
+# reaches without reading the matrix.
+ARCHITECTURES = {"neural_interpreter": "NI", "vit": "ViT", "candidates_only": "context-blind"}
 SPLITS = {"val": "val (in distribution)", "test": "test (out of distribution)"}
 CHANCE = 1 / 8  # one of 8 candidates
 ANYTIME_CLAIM = 0.7  # section 4.3: at least 70% of the accuracy kept with half the function iterations
@@ -208,6 +210,12 @@ def summarize_split(runs: Sequence[dict[str, Any]], split: str) -> dict[str, Any
     return summary
 
 
+def other_context(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Test accuracy with each puzzle's context panels taken from another puzzle, over the runs that measured it."""
+    values = [run["test_other_context"]["accuracy"] for run in runs if run.get("test_other_context")]
+    return mean_std(values) if values else None
+
+
 def summarize_anytime(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Mean curves over the runs that have one; the accuracy kept at half the iterations (section 4.3)."""
     curves = {
@@ -259,7 +267,7 @@ def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[str, 
             runs = groups.get((architecture, regime))
             if not runs:
                 continue
-            paper = PAPER_TABLE_2[architecture].get(regime)
+            paper = PAPER_TABLE_2.get(architecture, {}).get(regime)
             first = runs[0]
             summary["groups"].append(
                 {
@@ -271,6 +279,7 @@ def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[str, 
                     "sizes": first.get("sizes"),
                     "paper": None if paper is None else {"val": paper[0] / 100, "test": paper[1] / 100},
                     **{split: summarize_split(runs, split) for split in SPLITS},
+                    "other_context": other_context(runs),
                     "anytime": summarize_anytime(runs) if architecture == "neural_interpreter" else None,
                 }
             )
@@ -285,6 +294,7 @@ def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[str, 
                         "train_runtime": train.get("train_runtime"),
                         "mixed_precision": (run.get("environment") or {}).get("mixed_precision"),
                         **{f"{split}_accuracy": run[split]["accuracy"] for split in SPLITS},
+                        "other_context_accuracy": (run.get("test_other_context") or {}).get("accuracy"),
                         "command": run.get("command"),
                     }
                 )
@@ -351,8 +361,8 @@ def tables_markdown(summary: dict[str, Any]) -> str:
             "",
             "Accuracy (%), mean ± std over runs (number of runs); the paper's Table 2 beside it.",
             "",
-            "| regime | NI | ViT | NI (paper) | ViT (paper) |",
-            "|---|---|---|---|---|",
+            "| regime | " + " | ".join(ARCHITECTURES.values()) + " | chance | NI (paper) | ViT (paper) |",
+            "|---" * (len(ARCHITECTURES) + 4) + "|",
         ]
         column = 0 if split == "val" else 1
         for regime in regimes:
@@ -361,9 +371,22 @@ def tables_markdown(summary: dict[str, Any]) -> str:
             ]
             paper = [
                 f"{PAPER_TABLE_2[a][regime][column]:.1f}" if regime in PAPER_TABLE_2[a] else "–"
-                for a in ARCHITECTURES
+                for a in PAPER_TABLE_2
             ]
-            lines.append(f"| {_regime_label(regime)} | " + " | ".join(ours + paper) + " |")
+            lines.append(f"| {_regime_label(regime)} | " + " | ".join([*ours, _pct(CHANCE)] + paper) + " |")
+    lines += [
+        "",
+        "## Test accuracy with another puzzle's context",
+        "",
+        "Each test puzzle's 8 context panels replaced by those of another puzzle, its candidates and answer kept: a "
+        f"model that reads the matrix falls to chance ({_pct(CHANCE)}); mean ± std over runs (number of runs).",
+        "",
+        "| regime | " + " | ".join(ARCHITECTURES.values()) + " |",
+        "|---" * (len(ARCHITECTURES) + 1) + "|",
+    ]
+    for regime in regimes:
+        cells = [_fmt((groups.get((a, regime)) or {}).get("other_context")) for a in ARCHITECTURES]
+        lines.append(f"| {_regime_label(regime)} | " + " | ".join(cells) + " |")
 
     for split, title in SPLITS.items():
         names = list(dict.fromkeys(name for group in summary["groups"] for name in group[split]["relations"]))
@@ -447,7 +470,7 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
 
     groups = _by_key(summary)
     regimes = regime_order([group["regime"] for group in summary["groups"]])
-    colors = {"neural_interpreter": "tab:blue", "vit": "tab:orange"}
+    colors = {"neural_interpreter": "tab:blue", "vit": "tab:orange", "candidates_only": "tab:gray"}
     written = []
 
     def save(fig: Any, name: str) -> None:

@@ -105,10 +105,10 @@ def test_seeds_of_one_setting_are_averaged_beside_the_papers_table_2(
 
     tables = (tmp_path / "out" / "pgm_tables.md").read_text()
     val_table = tables.split("## Accuracy, val")[1].split("##")[0]
-    assert "| neutral | 65.0 ± 7.1 (2) | 40.0 (1) | 77.3 | 73.3 |" in val_table
-    assert "| attr.rels (H.O. triples) | 50.0 (1) | – | 79.9 | 73.8 |" in val_table
+    assert "| neutral | 65.0 ± 7.1 (2) | 40.0 (1) | – | 12.5% | 77.3 | 73.3 |" in val_table
+    assert "| attr.rels (H.O. triples) | 50.0 (1) | – | – | 12.5% | 79.9 | 73.8 |" in val_table
     test_table = tables.split("## Accuracy, test")[1].split("##")[0]
-    assert "| neutral | 60.0 ± 7.1 (2) | 35.0 (1) | 77.0 | 72.7 |" in test_table
+    assert "| neutral | 60.0 ± 7.1 (2) | 35.0 (1) | – | 12.5% | 77.0 | 72.7 |" in test_table
     assert str(paths[2]) in tables and "3.00 epochs" in tables and "mixed precision bf16" in tables
 
 
