@@ -40,6 +40,7 @@ from ni_hf import (
 from ni_hf.data.pgm import (
     META_TARGET_NAMES,
     PGM_SOURCES,
+    RELATION_TYPES,
     check_pgm_source,
     first_puzzles,
     load_pgm,
@@ -63,7 +64,6 @@ ARCHITECTURES = {
     "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForMultipleChoice),
     "vit": (MultiTaskViTConfig, MultiTaskViTForMultipleChoice),
 }
-RELATION_TYPES = META_TARGET_NAMES[7:]  # progression, XOR, OR, AND, consistent_union
 # Image settings of the configs, which a PGM model (panels through its panel CNN) never reads.
 UNREAD_CONFIG_KEYS = ("image_size", "patch_size", "num_channels")
 SPLITS = {"val": "in distribution", "test": "out of distribution"}

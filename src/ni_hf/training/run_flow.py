@@ -118,8 +118,10 @@ class ExampleRun:
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         if path is not None:
+            if config is not None:  # else load_checked reads the saved config and refuses another model's
+                kwargs["config"] = config
             model = checkpoints.load_checked(
-                model_class, path, allow_mismatched_weights=allow_mismatched_weights, config=config, **kwargs
+                model_class, path, allow_mismatched_weights=allow_mismatched_weights, **kwargs
             )
         else:
             model = model_class._from_config(config, **kwargs)
@@ -130,10 +132,12 @@ class ExampleRun:
         )
         return model
 
-    def optimizer(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]] | None:
-        """torch's RAdam (the paper's optimizer) with the run's learning rate, betas and epsilon when ``--radam``,
-        else None (Trainer's ``--optim``)."""
-        args = self.args
+    def optimizer(
+        self, args: TrainingArguments | None = None
+    ) -> tuple[type[torch.optim.Optimizer], dict[str, Any]] | None:
+        """torch's RAdam (the paper's optimizer) with the learning rate, betas and epsilon of ``args`` (a phase's;
+        default the run's) when ``--radam``, else None (Trainer's ``--optim``)."""
+        args = self.args if args is None else args
         if not getattr(args, "radam", False):
             return None
         betas = (args.adam_beta1, args.adam_beta2)
@@ -146,15 +150,16 @@ class ExampleRun:
             args.resume_from_checkpoint if args.do_train else None, output_dir or args.output_dir
         )
 
-    def train(self, trainer: Trainer, resume: str | None = None, **record: Any) -> dict[str, Any]:
+    def train(self, trainer: Trainer, resume: str | bool | None = None, **record: Any) -> dict[str, Any]:
         """Train (from ``resume``, default :meth:`resume_checkpoint`), save the model and its weights' checksum to
         the Trainer's output folder, and return the training metrics (``record`` added); with
         ``checkpoints.ExactResumeMixin`` in the Trainer's bases, a finished run is not resumed and ``train_loss`` is
         the mean over the whole run's steps."""
+        # None: where --resume_from_checkpoint points in the Trainer's folder; False: from scratch.
         resume = self.resume_checkpoint(trainer.args.output_dir) if resume is None else resume
         if resume:
             logger.info(f"Resuming from {resume}")
-        output = trainer.train(resume_from_checkpoint=resume or None)
+        output = trainer.train(resume_from_checkpoint=resume or None)  # (False and "" start afresh)
         trainer.save_model()  # weights, config (auto_map), model code, processor
         if (
             trainer.args.should_save

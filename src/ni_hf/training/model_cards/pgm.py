@@ -10,6 +10,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCardData
 
+from ...data.pgm_generator import RELATIONS
 from .common import (
     NI_SUMMARY_KEYS,
     TEMPLATES,
@@ -33,7 +34,7 @@ PGM_TABLE_2: dict[str, dict[str, tuple[float, float]]] = {
     "attr.rels": {"NI": (79.9, 20.0), "ViT": (73.8, 15.9), "WReN": (63.4, 19.0)},
     "extrapolation": {"NI": (91.8, 19.4), "ViT": (92.2, 16.4), "WReN": (69.3, 17.2)},
 }
-PGM_RELATION_TYPES = ("progression", "XOR", "OR", "AND", "consistent_union")
+PGM_RELATION_TYPES = RELATIONS
 PGM_NI_SUMMARY_KEYS = (
     *NI_SUMMARY_KEYS[:13],
     "panel_size",
