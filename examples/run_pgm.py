@@ -54,7 +54,7 @@ from ni_hf.training.checkpoints import ExactResumeMixin
 from ni_hf.training.model_cards import write_pgm_model_card
 from ni_hf.training.presets import PGM_PRESETS, parse_config_overrides, preset_field
 from ni_hf.training.publishing import hub_repo_id
-from ni_hf.training.run_flow import ExampleRun, argv_of
+from ni_hf.training.run_flow import ExampleRun, argv_of, refuse_unused
 from ni_hf.training.run_flow import parse_arguments as parse_script_arguments
 from ni_hf.training.run_setup import ExampleTrainingArguments, check_at_least, environment
 
@@ -145,6 +145,14 @@ class DataArguments:
     max_triples: int = field(
         default=4,
         metadata={"help": "generated: at most this many (object, attribute, relation) triples per puzzle."},
+    )
+    free_attributes: str = field(
+        default="constant",
+        metadata={
+            "help": "generated: the attributes in no triple, 'constant' (held fixed in a puzzle) or 'random' "
+            "(drawn for every object, Barrett et al.'s distractors).",
+            "choices": ["constant", "random"],
+        },
     )
     skip_bad_files: bool = field(
         default=False,
@@ -250,6 +258,17 @@ def check_arguments(
             f"--config_overrides {', '.join(unread)}: a PGM model reads panels through its panel CNN "
             "(panel_size, panel_cnn_*), not image patches."
         )
+    if data_args.dataset_source == "generated":
+        refuse_unused(
+            given,
+            ["skip_bad_files", "check_every_file"],
+            "they apply to files (--dataset_source deepmind, hub)",
+        )
+    else:
+        source = f"--dataset_source {data_args.dataset_source}"
+        refuse_unused(
+            given, ["max_triples", "free_attributes", "generator_seed"], f"the generator's, not {source}'s"
+        )
     if model_args.model_name_or_path is not None and "config_overrides" in given:
         raise ValueError(
             "--config_overrides: settings of a new model; a saved model's config is used as saved."
@@ -331,7 +350,7 @@ def load_split(
 ) -> Any:
     """One split in the package's PGM schema, from the chosen source; files are checked before any training."""
     if data_args.dataset_source == "generated":
-        options = {"max_triples": data_args.max_triples}
+        options = {"max_triples": data_args.max_triples, "free_attributes": data_args.free_attributes}
     else:
         options = {"skip_bad_files": data_args.skip_bad_files, "skip_log": str(Path(output_dir) / SKIP_LOG)}
     dataset = load_pgm(
@@ -523,6 +542,7 @@ def train_and_evaluate(
             num_parameters=model.num_parameters(),
             sizes=sizes,
             max_triples=data_args.max_triples if data_args.dataset_source == "generated" else None,
+            free_attributes=data_args.free_attributes if data_args.dataset_source == "generated" else None,
             command=command,
             environment=environment(args),
         )

@@ -78,6 +78,9 @@ def test_the_vit_baseline_runs_on_the_same_scaffolding(tmp_path):
         (["--config_overrides", "patch_size=4"], "--config_overrides patch_size: a PGM model reads panels"),
         (["--save_strategy", "steps", "--save_steps", "0"], "--save_steps must be a positive number"),
         (["--load_best_model_at_end", "true"], "no evaluation would pick a best model"),
+        (["--skip_bad_files", "true"], "--skip_bad_files: they apply to files"),
+        (["--dataset_source", "hub", "--free_attributes", "random"], "--free_attributes: the generator's"),
+        (["--free_attributes", "sometimes"], "invalid choice"),
         (["--regime", "everything"], "invalid choice"),
         (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be at least 1"),
         (
