@@ -13,6 +13,7 @@ import torch
 import ni_hf
 import ni_hf.kernels.fast_line_of_code as fast
 from ni_hf import ALL_LINE_OF_CODE_FUNCTIONS, NeuralInterpreterForImageClassification, NeuralInterpreterModel
+from ni_hf.models.neural_interpreter import modeling_neural_interpreter as modeling
 from ni_hf.models.neural_interpreter.modeling_neural_interpreter import (
     eager_attention,
     eager_line_of_code,
@@ -180,8 +181,13 @@ def test_fast_refuses_what_its_cpu_kernels_do_not_compute_and_names_sdpa(tester,
     loc.config.hidden_dropout_prob = 0.1
     with pytest.raises(RuntimeError, match="has no dropout"):
         fast.fast_line_of_code(loc, x, c, weights, None)
-    with torch.no_grad():  # no training step: dropout is not what the caller asked to differentiate
-        fast.fast_line_of_code(loc, x, c, weights, None)
+    with (
+        torch.no_grad()
+    ):  # no training step (MC-dropout sampling): handed over to sdpa, which applies dropout
+        torch.manual_seed(1)
+        handed_over = fast.fast_line_of_code(loc, x, c, weights, None)[0]
+        torch.manual_seed(1)
+        torch.testing.assert_close(handed_over, modeling.sdpa_line_of_code(loc, x, c, weights, None)[0])
     loc.eval()  # dropout does not act in evaluation
     fast.fast_line_of_code(loc, x, c, weights, None)
     loc.config.hidden_dropout_prob = 0.0
@@ -196,3 +202,25 @@ def test_fast_refuses_gradients_of_gradients(tester):
     streams, _ = fast.fast_line_of_code(loc, x, c, loc.function_weights(codes), None)
     with pytest.raises(RuntimeError, match="attn_implementation='eager' or 'sdpa'"):
         torch.autograd.grad(streams.square().sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize(
+    "no_gradients", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"]
+)
+def test_fast_applies_dropout_when_sampling_in_training_mode_without_gradients(tester, no_gradients):
+    """MC-dropout: model.train() under no_grad or inference_mode samples different logits with "fast", the same
+    samples as "sdpa" from the same seed."""
+    config = tester.get_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(0)
+    model = NeuralInterpreterForImageClassification(config).train()
+    pixel_values = tester.prepare_inputs(config)["pixel_values"]
+    samples = {}
+    for implementation in ("fast", "sdpa"):
+        model.set_attn_implementation(implementation)
+        with no_gradients():
+            torch.manual_seed(3)
+            first = model(pixel_values=pixel_values).logits
+            second = model(pixel_values=pixel_values).logits
+        samples[implementation] = first
+        assert not torch.equal(first, second), implementation
+    torch.testing.assert_close(samples["fast"], samples["sdpa"])

@@ -63,8 +63,8 @@ def test_white_panels_are_one_and_black_panels_minus_one() -> None:
 LAYOUTS = {
     "numpy (16, H, W)": lambda: PUZZLE,
     "torch (16, H, W)": lambda: torch.from_numpy(PUZZLE),
-    "DeepMind's (H, W, 16)": lambda: np.ascontiguousarray(PUZZLE.transpose(1, 2, 0)),
-    "torch (H, W, 16)": lambda: torch.from_numpy(PUZZLE).permute(1, 2, 0),
+    "DeepMind's stored (H, W, 16)": lambda: PUZZLE.reshape(24, 24, 16),
+    "torch, DeepMind's stored (H, W, 16)": lambda: torch.from_numpy(PUZZLE.reshape(24, 24, 16)),
     "RGB (16, H, W, 3)": lambda: np.repeat(PUZZLE[..., None], 3, axis=-1),
     "16 PIL images": lambda: [PIL.Image.fromarray(panel) for panel in PUZZLE],
     "16 RGB PIL images": lambda: [PIL.Image.fromarray(panel).convert("RGB") for panel in PUZZLE],
@@ -81,11 +81,54 @@ def test_every_layout_of_a_puzzle_gives_the_same_pixel_values(layout: str) -> No
 
 
 def test_a_cube_of_16_panels_of_16_x_16_follows_input_data_format() -> None:
-    """(16, 16, 16) reads as (panels, H, W) unless `input_data_format` says the panels come last."""
+    """(16, 16, 16) reads as (panels, H, W), which is also how DeepMind's stored arrays read, unless
+    `input_data_format` says the panels truly lie along the last axis."""
     cube = RNG.integers(0, 256, size=(16, 16, 16), dtype=np.uint8)
     torch.testing.assert_close(pixel_values(cube), pixel_values(list(cube)))
+    torch.testing.assert_close(pixel_values(cube), pixel_values(list(cube.reshape(16, 16, 16))))
     panels_last = pixel_values(cube, input_data_format="channels_last")
     torch.testing.assert_close(panels_last, pixel_values(list(cube.transpose(2, 0, 1))))
+
+
+def test_panels_stacked_along_the_last_axis_read_with_input_data_format() -> None:
+    stacked = np.stack(list(PUZZLE), axis=-1)  # (H, W, 16), panel p at [..., p]
+    torch.testing.assert_close(
+        pixel_values(stacked, input_data_format="channels_last"), pixel_values(PUZZLE), rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        pixel_values(torch.from_numpy(PUZZLE).permute(1, 2, 0), input_data_format="channels_last"),
+        pixel_values(PUZZLE),
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_deepmind_s_stored_image_reads_as_ni_hf_data_pgm_reads_its_file(tmp_path) -> None:
+    """DeepMind's .npz holds `image` of shape (160, 160, 16), panel after panel: the processor reshapes it as the
+    package's loader does, so both give the same panels (moving the last axis would scramble every one)."""
+    panels = np.random.default_rng(1).integers(0, 256, size=(16, 160, 160), dtype=np.uint8)
+    path = tmp_path / "PGM_neutral_train_0.npz"
+    pgm = pytest.importorskip("ni_hf.data.pgm")
+    read = getattr(pgm, "read_deepmind_npz", None)
+    if read is None:
+        pytest.skip("ni_hf.data.pgm has no read_deepmind_npz")
+    row = np.isin(pgm.META_TARGET_NAMES, ("shape", "color", "progression")).astype(np.uint8)  # one triple
+    structure = np.zeros((4, 12), np.uint8)
+    structure[0] = row
+    np.savez(
+        path,
+        image=panels.reshape(160, 160, 16),
+        target=np.int64(3),
+        meta_target=row,
+        relation_structure_encoded=structure,
+    )
+    stored = np.load(path)["image"]
+    assert stored.shape == (160, 160, 16)
+    from_file = pixel_values(stored)
+    torch.testing.assert_close(from_file, pixel_values(panels), rtol=0, atol=0)
+    loaded = read(path)
+    assert np.array_equal(loaded["panels"], panels)
+    torch.testing.assert_close(from_file, pixel_values(loaded["panels"]), rtol=0, atol=0)
 
 
 ONE_GREY_LEVEL = 1 / 255 / 0.5  # after the default rescale and normalisation
@@ -126,9 +169,15 @@ def test_colour_panels_are_made_gray_as_pil_makes_them() -> None:
         lambda puzzles: torch.from_numpy(np.stack(puzzles)),
         lambda puzzles: list(puzzles),
         lambda puzzles: [[PIL.Image.fromarray(panel) for panel in puzzle] for puzzle in puzzles],
-        lambda puzzles: np.stack([p.transpose(1, 2, 0) for p in puzzles]),
+        lambda puzzles: np.stack([p.reshape(24, 24, 16) for p in puzzles]),
     ],
-    ids=["(B, 16, H, W)", "torch (B, 16, H, W)", "list of arrays", "list of lists of PIL", "(B, H, W, 16)"],
+    ids=[
+        "(B, 16, H, W)",
+        "torch (B, 16, H, W)",
+        "list of arrays",
+        "list of lists of PIL",
+        "DeepMind's (B, H, W, 16)",
+    ],
 )
 def test_a_batch_is_its_puzzles_stacked(batch) -> None:
     puzzles = [PUZZLE, PUZZLE[::-1].copy(), 255 - PUZZLE]

@@ -15,7 +15,8 @@ their inputs for the backward and redo cheap work there instead of keeping it:
 
 Their per-function products run one GEMM per function (`function_linear`). The Functions are CPU code of first
 order: `fast_line_of_code` refuses, naming what to use instead, another device, torch.compile or tracing, autocast,
-dropout in training, and gradients of gradients (attn_implementation="sdpa" computes the same function everywhere).
+dropout in a training step, and gradients of gradients (attn_implementation="sdpa" computes the same function
+everywhere); dropout without gradients (MC-dropout sampling) it hands over to "sdpa", which applies it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..models.neural_interpreter.modeling_neural_interpreter import (
     FunctionWeights,
     LineOfCode,
     NeuralInterpreterLineOfCodeInterface,
+    sdpa_line_of_code,
 )
 
 BILINEAR_SAVING_WEIGHT = 3
@@ -393,9 +395,15 @@ class GatedGeluModLin(torch.autograd.Function):
         return grad, grad_hidden, grad_weight, grad_bias, grad_gate
 
 
+def _drops_out(module: LineOfCode) -> bool:
+    """Whether the LOC applies dropout now: in training mode, with the config's hidden or attention dropout."""
+    return module.training and (
+        module.config.hidden_dropout_prob > 0 or module.config.attention_probs_dropout_prob > 0
+    )
+
+
 def _check_applies(module: LineOfCode, x: torch.Tensor) -> None:
     """Refuse, naming the alternative, what these CPU Functions do not compute."""
-    dropout = module.config.hidden_dropout_prob > 0 or module.config.attention_probs_dropout_prob > 0
     problem = None
     if x.device.type != "cpu":
         problem = f"runs on a CPU only, and the model is on {x.device.type}"
@@ -403,7 +411,7 @@ def _check_applies(module: LineOfCode, x: torch.Tensor) -> None:
         problem = "is not traced by torch.compile, torch.export or torch.jit (custom autograd Functions)"
     elif torch.is_autocast_enabled("cpu"):
         problem = "computes in the parameters' dtype and does not run under autocast"
-    elif module.training and dropout and torch.is_grad_enabled():
+    elif _drops_out(module) and torch.is_grad_enabled():
         problem = "has no dropout, and the config's hidden or attention dropout is above 0"
     if problem is not None:
         raise RuntimeError(
@@ -436,9 +444,13 @@ def fast_line_of_code(
     """`LineOfCode.forward`'s streams (U, B, N, d), through Functions that keep only their inputs.
 
     Every sample is independent in a LOC, so the batch runs in chunks (`CHUNK_NUMBERS`); the gradients of the
-    weights add up over the chunks. A_uh, when the bilinear form pays, is formed once for all chunks.
+    weights add up over the chunks. A_uh, when the bilinear form pays, is formed once for all chunks. A LOC that
+    applies dropout without gradients (MC-dropout sampling: training mode under no_grad) runs `sdpa_line_of_code`,
+    which applies it; with gradients, dropout is refused (these Functions have none).
     """
     _check_applies(module, x)
+    if _drops_out(module):
+        return sdpa_line_of_code(module, x, compatibilities, function_weights, attention_bias)
     bilinear = None
     if x.dim() == 3 and bilinear_attention_pays(
         x.shape[-1], module.config.attention_head_size, x.shape[1], x.shape[0]

@@ -14,11 +14,17 @@ import contextvars
 import dataclasses
 import difflib
 import functools
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from huggingface_hub.dataclasses import as_validated_field, validated_field
-from huggingface_hub.errors import StrictDataclassError, StrictDataclassFieldValidationError
+from huggingface_hub.errors import (
+    HFValidationError,
+    StrictDataclassError,
+    StrictDataclassFieldValidationError,
+)
+from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
@@ -219,6 +225,19 @@ def check_model_type(config_class: type, model_type: Any) -> None:
     )
 
 
+def check_checkpoint_path(path: Any) -> None:
+    """Refuse, by name, a path that is neither a folder nor a Hub repo id (the Hub's error speaks of repo ids)."""
+    if not isinstance(path, (str, os.PathLike)) or os.path.exists(path):
+        return
+    try:
+        validate_repo_id(os.fspath(path))
+    except HFValidationError:
+        raise OSError(
+            f"`{os.fspath(path)}` is not a folder that exists (nor a Hub repo id, 'name' or 'namespace/name'): "
+            "check the path, or save the model there first."
+        ) from None
+
+
 @contextlib.contextmanager
 def reading_config_file() -> Iterator[None]:
     """Meanwhile, unknown keys are warned about instead of refused (they come from a file, not from a caller)."""
@@ -255,6 +274,12 @@ class CheckedConfigMixin:
     def __post_init__(self, **kwargs: Any) -> None:
         check_setting_names(type(self), kwargs)
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> Any:
+        """As `PreTrainedConfig.from_pretrained`, saying so when a path is neither a folder nor a Hub repo id."""
+        check_checkpoint_path(pretrained_model_name_or_path)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:

@@ -15,13 +15,20 @@ from transformers import initialization as init
 from transformers.modeling_outputs import MultipleChoiceModelOutput
 from transformers.utils.generic import can_return_tuple
 
+from .configuration_checks import PANEL_FIELDS
 from .configuration_context_blind import ContextBlindConfig
-from .modeling_checks import check_forward, check_not_empty, check_tensor
+from .modeling_checks import (
+    BuiltSettingsMixin,
+    CheckedLoadingMixin,
+    check_forward,
+    check_not_empty,
+    check_tensor,
+)
 from .panel_embedding import PanelEmbedding, init_panel_embedding
 from .task_heads import TaskHead, multiple_choice_loss
 
 
-class ContextBlindPreTrainedModel(PreTrainedModel):
+class ContextBlindPreTrainedModel(BuiltSettingsMixin, CheckedLoadingMixin, PreTrainedModel):
     config_class = ContextBlindConfig
     config: ContextBlindConfig
     base_model_prefix = "context_blind"
@@ -31,6 +38,7 @@ class ContextBlindPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     # Whether forward raises on NaN or inf (one host sync).
     checks_finite = True
+    head_classes = {"ContextBlindForMultipleChoice": "AutoModelForMultipleChoice"}
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -55,6 +63,9 @@ class ContextBlindForMultipleChoice(ContextBlindPreTrainedModel):
         self.scorer = TaskHead(config.hidden_size, 1, config.layer_norm_eps)
         self.post_init()
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        return ("hidden_size", *PANEL_FIELDS)
+
     def get_input_embeddings(self) -> nn.Module:
         return self.panel_embedding
 
@@ -72,7 +83,11 @@ class ContextBlindForMultipleChoice(ContextBlindPreTrainedModel):
                 panels, then the 8 candidates, from `NeuralInterpreterPanelProcessor`); only the candidates are read.
             labels: (B,) index of each puzzle's correct candidate (-100: not counted).
         """
-        check_tensor("pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them")
+        self.check_built_settings()
+        device = self.scorer.linear.weight.device
+        check_tensor(
+            "pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them", device
+        )
         check_not_empty(pixel_values.shape[0])
         candidates = self.panel_embedding.embed_candidates(pixel_values)  # (B, K, d)
         logits = self.scorer(candidates).squeeze(-1)  # (B, K)

@@ -152,6 +152,7 @@ class TaskHeadsMixin:
             self.config.num_labels = self.num_labels = num_labels
         self.base_model.reset_task_tokens(names)
         self.classifier = nn.ModuleList(self._fresh_heads(self._num_task_heads(len(names))))
+        self.record_built_settings()
 
     def add_tasks(self, task_names: Sequence[str]) -> list[int]:
         """Append tasks (a fresh CLS token and head each); the existing ones stay as they are. Returns their ids."""

@@ -22,12 +22,19 @@ from transformers.modeling_outputs import (
     ImageClassifierOutput,
     MultipleChoiceModelOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.vit.modeling_vit import ViTLayer, ViTPatchEmbeddings
 from transformers.utils.generic import can_return_tuple
 
-from .configuration_checks import validate_task_names
+from .configuration_checks import PANEL_FIELDS, validate_task_names
 from .configuration_multitask_vit import MultiTaskViTConfig
-from .modeling_checks import check_forward, check_not_empty, check_tensor
+from .modeling_checks import (
+    BuiltSettingsMixin,
+    CheckedLoadingMixin,
+    check_forward,
+    check_not_empty,
+    check_tensor,
+)
 from .panel_embedding import PanelEmbedding, init_panel_embedding
 from .task_heads import TaskHead, TaskHeadsMixin, multiple_choice_loss
 
@@ -80,7 +87,19 @@ class MultiTaskViTEmbeddings(nn.Module):
         return self.dropout(torch.cat([tokens, elements], dim=1))
 
 
-class MultiTaskViTPreTrainedModel(PreTrainedModel):
+# The settings that fix the shapes of the backbone's parameters (each head adds its own), and of its patches.
+BACKBONE_SETTINGS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "qkv_bias",
+    "task_names",
+)
+IMAGE_SETTINGS = ("image_size", "patch_size", "num_channels")
+
+
+class MultiTaskViTPreTrainedModel(BuiltSettingsMixin, CheckedLoadingMixin, PreTrainedModel):
     config_class = MultiTaskViTConfig
     config: MultiTaskViTConfig
     base_model_prefix = "vit"
@@ -93,12 +112,29 @@ class MultiTaskViTPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     # Whether forward raises on NaN or inf (one host sync).
     checks_finite = True
+    # The heads, by the Auto class that loads each; those whose backbone reads sets (`CheckedLoadingMixin`).
+    head_classes = {
+        "MultiTaskViTForImageClassification": "AutoModelForImageClassification",
+        "MultiTaskViTForMultipleChoice": "AutoModelForMultipleChoice",
+    }
+    set_input_heads = ("MultiTaskViTForMultipleChoice",)
 
     def __init__(self, config: MultiTaskViTConfig, *inputs: Any, **kwargs: Any) -> None:
         # A config changed in place after construction (`config.task_names = []`) is checked here, not later.
         if isinstance(config, MultiTaskViTConfig):
             config.validate_tasks()
         super().__init__(config, *inputs, **kwargs)
+
+    def check_built_settings(self) -> None:
+        """As `BuiltSettingsMixin`'s, and `config.attn_implementation` one of transformers' attention functions."""
+        super().check_built_settings()
+        name = self.config._attn_implementation
+        if name not in (None, "eager") and name not in ALL_ATTENTION_FUNCTIONS:
+            raise ValueError(
+                f'`config.attn_implementation` is "{name}": the ViT layers run transformers\' attention functions, '
+                f"expected one of {sorted({'eager', *ALL_ATTENTION_FUNCTIONS})} (set it with "
+                "model.set_attn_implementation)."
+            )
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save as transformers does; a checkpoint with copied code also names the backbone for `AutoModel`."""
@@ -144,6 +180,9 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
         self.post_init()
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        return BACKBONE_SETTINGS + (IMAGE_SETTINGS if self.embeddings.patch_embeddings is not None else ())
+
     def get_input_embeddings(self) -> nn.Module:
         return self.embeddings.patch_embeddings
 
@@ -161,6 +200,7 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         self.embeddings.task_tokens = nn.Parameter(
             torch.randn(len(names), ref.shape[1], device=ref.device, dtype=ref.dtype)
         )
+        self.record_built_settings()
 
     def add_task_tokens(self, task_names: Sequence[str]) -> list[int]:
         """Append fresh N(0, 1) task (CLS) tokens for new tasks; the existing ones stay, unchanged.
@@ -179,6 +219,7 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
         self.embeddings.task_tokens = nn.Parameter(
             torch.cat([ref.data, fresh]), requires_grad=ref.requires_grad
         )
+        self.record_built_settings()
         return list(range(old, old + len(names)))
 
     @can_return_tuple
@@ -204,7 +245,11 @@ class MultiTaskViTModel(MultiTaskViTPreTrainedModel):
             raise ValueError(
                 "Pass exactly one of `pixel_values` (images or patches) and `inputs_embeds` (a set)."
             )
+        self.check_built_settings()
         given = pixel_values if inputs_embeds is None else inputs_embeds
+        what = "images or patches from NeuralInterpreterImageProcessor" if inputs_embeds is None else "a set"
+        name = "pixel_values" if inputs_embeds is None else "inputs_embeds"
+        check_tensor(name, given, what, self.embeddings.task_tokens.device)
         if given.shape[0] == 0:
             raise ValueError("Got an empty batch (0 samples); pass at least one image.")
         if inputs_embeds is not None and (
@@ -245,6 +290,9 @@ class MultiTaskViTForImageClassification(TaskHeadsMixin, MultiTaskViTPreTrainedM
         )
         self.post_init()
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        return ("num_labels",)
+
     @can_return_tuple
     def forward(
         self,
@@ -261,6 +309,8 @@ class MultiTaskViTForImageClassification(TaskHeadsMixin, MultiTaskViTPreTrainedM
                 regression, with transformers' own rules for `problem_type` (`TaskHeadsMixin.classification_loss`).
             Other arguments as in `MultiTaskViTModel.forward`.
         """
+        self.check_built_settings()
+        self.check_task_heads()
         outputs = self.vit(
             pixel_values=pixel_values, output_hidden_states=output_hidden_states, check_finite=False
         )
@@ -289,6 +339,9 @@ class MultiTaskViTForMultipleChoice(MultiTaskViTPreTrainedModel):
         self.scorer = TaskHead(config.hidden_size, 1, config.layer_norm_eps)
         self.post_init()
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        return PANEL_FIELDS
+
     def get_input_embeddings(self) -> nn.Module:
         return self.panel_embedding
 
@@ -300,7 +353,11 @@ class MultiTaskViTForMultipleChoice(MultiTaskViTPreTrainedModel):
         output_hidden_states: bool | None = None,
     ) -> MultipleChoiceModelOutput:
         r"""Scores (B, num_choices) of the candidates of (B, 16, 1, 80, 80) panels; cross-entropy against `labels`."""
-        check_tensor("pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them")
+        self.check_built_settings()
+        device = self.scorer.linear.weight.device
+        check_tensor(
+            "pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them", device
+        )
         check_not_empty(pixel_values.shape[0])
         context, candidates = self.panel_embedding(pixel_values)
         sets = PanelEmbedding.candidate_sets(context, candidates)

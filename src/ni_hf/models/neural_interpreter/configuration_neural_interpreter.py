@@ -28,10 +28,10 @@ logger = logging.get_logger(__name__)
 # Where the learned positions of set inputs enter: once at the input, or inside every LOC (the reference's default).
 POSITION_PLACEMENTS = ("input", "every_loc")
 
-# The settings that fix the shapes of a model's parameters: a built model cannot take edits to these, and its
-# `save_pretrained` refuses a config that no longer describes its parameters. (A built model's attention
-# implementation changes with `model.set_attn_implementation`, not through its config.)
-ARCHITECTURE_FIELDS = (
+# The settings that fix the shapes of a model's parameters: a built model refuses a forward once one of these was
+# edited, and its `save_pretrained` a config that no longer describes its parameters. The backbone's, those of its
+# patches (when it reads images), then the heads' own.
+BACKBONE_FIELDS = (
     "hidden_size",
     "code_dim",
     "num_scripts",
@@ -42,16 +42,12 @@ ARCHITECTURE_FIELDS = (
     "type_inference_depth",
     "type_inference_hidden_size",
     "type_dim",
-    "image_size",
-    "patch_size",
-    "num_channels",
-    "num_labels",
     "task_names",
     "share_task_tokens",
     "use_relative_positional_bias",
-    "num_input_variables",
-    *PANEL_FIELDS,
 )
+IMAGE_FIELDS = ("image_size", "patch_size", "num_channels")
+ARCHITECTURE_FIELDS = (*BACKBONE_FIELDS, *IMAGE_FIELDS, "num_labels", "num_input_variables", *PANEL_FIELDS)
 
 # Appendix tables of the paper (digits, fuzzy Boolean, and the PGM constants with the neutral regime's selection).
 PAPER_PRESETS: dict[str, dict[str, Any]] = {
@@ -359,6 +355,8 @@ def vit_baseline_config(**overrides: Any):
 
 __all__ = [
     "ARCHITECTURE_FIELDS",
+    "BACKBONE_FIELDS",
+    "IMAGE_FIELDS",
     "NeuralInterpreterConfig",
     "PAPER_PRESETS",
     "PGM_REGIMES",

@@ -291,6 +291,38 @@ def _check_settings(
             )
 
 
+def _check_channels(
+    num_channels: Any, do_convert_rgb: bool | None, do_normalize: bool | None, image_mean: Any, image_std: Any
+) -> None:
+    """Refuse, by name, channels other than 1 and 3 and a mean or std given for another number of channels (unless
+    `do_convert_rgb=False` keeps each image's own channels)."""
+    if num_channels not in (1, 3) or isinstance(num_channels, bool):
+        raise ValueError(f"`num_channels` must be 1 (grayscale) or 3 (RGB), got {num_channels!r}.")
+    if num_channels == 3 and not do_convert_rgb:
+        return
+    for name, values in (("image_mean", image_mean), ("image_std", image_std)):
+        count = np.asarray(values).size if do_normalize and values is not None else 1
+        if count not in (1, num_channels):
+            raise ValueError(
+                f"`{name}` must hold one value per channel (num_channels={num_channels}), got {values!r}."
+            )
+
+
+def _to_gray(image: Any) -> Any:
+    """An image read by `_read_image` in one channel: PIL's "L" of an 8-bit image (transparency composited onto
+    white), PIL's "L" weights (ITU-R 601-2) in float for other pixels; (1, H, W) arrays stay as they are."""
+    if isinstance(image, PIL.Image.Image):
+        if image.mode == "L":
+            return image
+        return PIL.Image.fromarray(convert_to_rgb(image, return_numpy=True)).convert("L")
+    image = image.cpu().numpy() if is_torch_tensor(image) else image
+    if image.shape[0] == 1:
+        return image
+    if image.dtype == np.uint8:
+        return np.asarray(_to_gray(PIL.Image.fromarray(np.moveaxis(image, 0, -1))))[None]
+    return np.tensordot(np.array([0.299, 0.587, 0.114], np.float32), image[:3], axes=1)[None]
+
+
 def _to_float32(images: list[Any]) -> list[Any]:
     return [_cast(image, "float32") for image in images]
 
@@ -318,10 +350,14 @@ class NeuralInterpreterImageProcessorKwargs(ImagesKwargs, total=False):
         Whether to cut the processed images into flattened, non-overlapping square patches.
     patch_size (`int`, *optional*, defaults to 4):
         Side length (in pixels) of a square patch.
+    num_channels (`int`, *optional*, defaults to 3):
+        Channels of the images the model reads (its config's `num_channels`): 3, RGB (gray images replicated), or
+        1, grayscale (colour images made gray as PIL's "L" makes them, transparency composited onto white).
     """
 
     do_patchify: bool | None
     patch_size: int | None
+    num_channels: int | None
 
 
 class _PilBackendKeepingFloats(PilBackend):
@@ -368,12 +404,20 @@ class _NeuralInterpreterProcessing:
     do_convert_rgb = True
     do_patchify = True
     patch_size = 4
+    num_channels = 3
 
     def __init__(self, **kwargs: Any) -> None:
-        """Build the processor; settings not given take the class defaults."""
+        """Build the processor; settings not given take the class defaults (a mean and std of one value, 0.5, for
+        grayscale)."""
+        if kwargs.get("num_channels") == 1:
+            kwargs.setdefault("image_mean", [0.5])
+            kwargs.setdefault("image_std", [0.5])
         super().__init__(**kwargs)
         _check_settings(
             self.size, self.do_normalize, self.image_std, self.do_patchify, self.patch_size, self.do_resize
+        )
+        _check_channels(
+            self.num_channels, self.do_convert_rgb, self.do_normalize, self.image_mean, self.image_std
         )
 
     def _validate_preprocess_kwargs(self, **kwargs: Any) -> None:
@@ -386,24 +430,34 @@ class _NeuralInterpreterProcessing:
             kwargs.get("patch_size"),
             kwargs.get("do_resize"),
         )
+        num_channels = kwargs.get("num_channels") or self.num_channels
+        _check_channels(
+            num_channels,
+            kwargs.get("do_convert_rgb"),
+            kwargs.get("do_normalize"),
+            kwargs.get("image_mean"),
+            kwargs.get("image_std"),
+        )
 
     def _prepare_image_like_inputs(self, images: ImageInput, *args: Any, **kwargs: Any) -> list[Any]:
-        """A flat list of (C, H, W) images: pixels read by `_read_image`, converted by the backend's `process_image`."""
+        """A flat list of (C, H, W) images: pixels read by `_read_image`, converted by the backend's `process_image`
+        (to RGB), or made gray first for `num_channels=1`."""
         kwargs.pop("expected_ndims", None)
-        return [
-            self.process_image(
-                _read_image(
-                    image,
-                    index,
-                    kwargs["do_rescale"],
-                    kwargs["do_convert_rgb"],
-                    kwargs.get("input_data_format"),
-                ),
-                *args,
-                **{**kwargs, "input_data_format": ChannelDimension.FIRST},
+        gray = (kwargs.get("num_channels") or self.num_channels) == 1
+        settings = {**kwargs, "input_data_format": ChannelDimension.FIRST}
+        if gray:
+            settings["do_convert_rgb"] = False  # the library would make the gray image RGB again
+        prepared = []
+        for index, image in enumerate(_flatten_images(images)):
+            pixels = _read_image(
+                image,
+                index,
+                kwargs["do_rescale"],
+                kwargs["do_convert_rgb"] or gray,
+                kwargs.get("input_data_format"),
             )
-            for index, image in enumerate(_flatten_images(images))
-        ]
+            prepared.append(self.process_image(_to_gray(pixels) if gray else pixels, *args, **settings))
+        return prepared
 
     def _preprocess(
         self,
@@ -438,11 +492,13 @@ class _NeuralInterpreterProcessing:
 class NeuralInterpreterImageProcessor(_NeuralInterpreterProcessing, _PilBackendKeepingFloats):
     r"""Neural Interpreter image processor (PIL backend): images to patch tokens.
 
-    Resizes to `size` (default 32x32, bilinear), converts to RGB (gray replicated, alpha composited onto white),
-    rescales by `rescale_factor` (1/255), normalizes with `image_mean`/`image_std` (0.5 each) and, if `do_patchify`,
-    returns `pixel_values` of shape `(B, num_patches, patch_size * patch_size * 3)`: patches row-major over the grid,
-    each laid out (row in patch, column in patch, channel), einops `c (h p1) (w p2) -> (h w) (p1 p2 c)`. With
-    `do_patchify=False`, `pixel_values` are `(B, 3, H, W)` images.
+    Resizes to `size` (default 32x32, bilinear), converts to RGB (gray replicated, alpha composited onto white) or,
+    with `num_channels=1`, to grayscale (PIL's "L"), rescales by `rescale_factor` (1/255), normalizes with
+    `image_mean`/`image_std` (0.5 each) and, if `do_patchify`, returns `pixel_values` of shape
+    `(B, num_patches, patch_size * patch_size * num_channels)`: patches row-major over the grid, each laid out (row
+    in patch, column in patch, channel), einops `c (h p1) (w p2) -> (h w) (p1 p2 c)`. With `do_patchify=False`,
+    `pixel_values` are `(B, num_channels, H, W)` images. `size`, `patch_size` and `num_channels` follow the model's
+    config (`image_size`, `patch_size`, `num_channels`); any size that `patch_size` divides is accepted.
 
     Arrays and tensors are read as the equivalent PIL image: uint8 as mode "L"/"RGB"/"RGBA", bool as mode "1",
     uint16 and other integers as "I;16"/"I", floats as "F": scaled from the bit depth (8 to 32 bits) their brightest
@@ -568,11 +624,12 @@ def _read_puzzle(
     else:
         puzzle, shape = _numpy(puzzle), tuple(puzzle.shape)
         if puzzle.ndim == 3 and input_data_format is None and shape[0] != num_panels:
-            # DeepMind's (160, 160, 16); without an axis of num_panels, the axis beside the square panels.
-            square_first = shape[0] == shape[1] != shape[2]
-            input_data_format = "channels_last" if shape[-1] == num_panels or square_first else None
-        if puzzle.ndim == 3 and input_data_format is not None:
-            if ChannelDimension(input_data_format) == ChannelDimension.LAST:
+            if shape[-1] == num_panels or shape[0] == shape[1] != shape[2]:
+                # DeepMind's `image`, (160, 160, 16) by its shape but stored panel by panel: a reshape, as
+                # ni_hf.data.pgm reads it (moving the last axis would scramble every panel).
+                puzzle = puzzle.reshape(shape[-1], shape[0], shape[1])
+        elif puzzle.ndim == 3 and input_data_format is not None:
+            if ChannelDimension(input_data_format) == ChannelDimension.LAST:  # panels on the last axis, truly
                 puzzle = np.moveaxis(puzzle, -1, 0)
         if puzzle.ndim not in (3, 4) or (puzzle.ndim == 4 and puzzle.shape[-1] != 3):
             raise ValueError(
@@ -600,11 +657,14 @@ class NeuralInterpreterPanelProcessor(_PilBackendKeepingFloats):
     r"""PGM puzzles (paper, section 4.3) as `pixel_values` of shape `(B, 16, 1, 80, 80)`, float32.
 
     A puzzle is 16 panels: the 8 context panels of an incomplete 3x3 matrix (row-major), then the 8 candidates. It
-    comes as a `(16, H, W)` uint8 array or tensor, DeepMind's `(H, W, 16)` layout (taken when the last axis alone has
-    16 entries, or with `input_data_format="channels_last"`), `(16, H, W, 3)` RGB, or a list of 16 PIL images; a batch
-    as `(B, 16, H, W)` or a list of puzzles. Each panel is made grayscale (PIL's "L"), resized to `size` (80x80,
-    bilinear, antialiased as PIL resizes; DeepMind's release is 160x160), rescaled to [0, 1] and normalised with mean
-    and std 0.5, so it lies in [-1, 1]. Other dtypes are read as `NeuralInterpreterImageProcessor` reads them.
+    comes as a `(16, H, W)` uint8 array or tensor, `(16, H, W, 3)` RGB, a list of 16 PIL images, or DeepMind's
+    stored `image`: an `(H, W, 16)` array (taken when the last axis alone has 16 entries) that DeepMind's files
+    store panel after panel, so it is reshaped to `(16, H, W)`, as `ni_hf.data.pgm` reads it, never transposed. A
+    `(16, 16, 16)` array is read panels first, which is also DeepMind's reading; `input_data_format="channels_last"`
+    says the panels truly lie along the last axis (`np.stack(panels, axis=-1)`). A batch comes as `(B, 16, H, W)`
+    or a list of puzzles. Each panel is made grayscale (PIL's "L"), resized to `size` (80x80, bilinear, antialiased
+    as PIL resizes; DeepMind's release is 160x160), rescaled to [0, 1] and normalised with mean and std 0.5, so it
+    lies in [-1, 1]. Other dtypes are read as `NeuralInterpreterImageProcessor` reads them.
     """
 
     valid_kwargs = NeuralInterpreterPanelProcessorKwargs

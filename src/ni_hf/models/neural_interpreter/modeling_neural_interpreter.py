@@ -35,9 +35,22 @@ from transformers.modeling_outputs import (
 from transformers.utils import logging
 from transformers.utils.generic import GeneralInterface, can_return_tuple
 
-from .configuration_neural_interpreter import NeuralInterpreterConfig, validate_task_names
+from .configuration_checks import PANEL_FIELDS
+from .configuration_neural_interpreter import (
+    BACKBONE_FIELDS,
+    IMAGE_FIELDS,
+    NeuralInterpreterConfig,
+    validate_task_names,
+)
 from .image_processing_neural_interpreter import patchify
-from .modeling_checks import check_forward, check_not_empty, check_tensor, index_list
+from .modeling_checks import (
+    BuiltSettingsMixin,
+    CheckedLoadingMixin,
+    check_forward,
+    check_not_empty,
+    check_tensor,
+    index_list,
+)
 from .panel_embedding import PanelEmbedding, init_panel_embedding
 from .task_heads import TaskHead, TaskHeadsMixin, multiple_choice_loss
 
@@ -562,7 +575,7 @@ class NeuralInterpreterScript(GradientCheckpointingLayer):
 # ----------------------------------------------------------------------------------------------------------
 
 
-class NeuralInterpreterPreTrainedModel(PreTrainedModel):
+class NeuralInterpreterPreTrainedModel(BuiltSettingsMixin, CheckedLoadingMixin, PreTrainedModel):
     config_class = NeuralInterpreterConfig
     config: NeuralInterpreterConfig
     base_model_prefix = "neural_interpreter"
@@ -575,12 +588,24 @@ class NeuralInterpreterPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     # Whether forward raises on NaN or inf and warns when no function accepts any token (one host sync).
     checks_finite = True
+    # The heads, by the Auto class that loads each; those whose backbone reads sets (`CheckedLoadingMixin`).
+    head_classes = {
+        "NeuralInterpreterForImageClassification": "AutoModelForImageClassification",
+        "NeuralInterpreterForMultipleChoice": "AutoModelForMultipleChoice",
+        "NeuralInterpreterForSetRegression": None,
+    }
+    set_input_heads = ("NeuralInterpreterForMultipleChoice", "NeuralInterpreterForSetRegression")
 
     def __init__(self, config: NeuralInterpreterConfig, *inputs: Any, **kwargs: Any) -> None:
         # A config changed in place after construction (`config.num_functions = 0`) is checked here, not later.
         if isinstance(config, NeuralInterpreterConfig):
             config.validate()
         super().__init__(config, *inputs, **kwargs)
+
+    def check_built_settings(self) -> None:
+        """As `BuiltSettingsMixin`'s, and `config.attn_implementation` a registered line-of-code implementation."""
+        super().check_built_settings()
+        line_of_code_function(self.config._attn_implementation)
 
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
@@ -700,6 +725,10 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
     def construction_arguments(self) -> dict[str, Any]:
         return {"add_patch_embedding": self.patch_embedding is not None}
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        reads_images = self.patch_embedding is not None or self.config.use_relative_positional_bias
+        return BACKBONE_FIELDS + (IMAGE_FIELDS if reads_images else ())
+
     def apply_freezing(self) -> None:
         """Make the tensors the config freezes non-trainable (so optimizers and DDP never see them)."""
         for script in self.scripts:
@@ -724,6 +753,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
         num = 1 if self.config.share_task_tokens else len(names)
         ref = self.task_tokens
         self.task_tokens = nn.Parameter(torch.randn(num, ref.shape[1], device=ref.device, dtype=ref.dtype))
+        self.record_built_settings()
 
     def add_task_tokens(self, task_names: Sequence[str]) -> list[int]:
         """Append fresh N(0, 1) task (CLS) tokens for new tasks; the existing ones stay in the set, unchanged.
@@ -743,6 +773,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             ref = self.task_tokens
             fresh = torch.randn(len(names), ref.shape[1], device=ref.device, dtype=ref.dtype)
             self.task_tokens = nn.Parameter(torch.cat([ref.data, fresh]), requires_grad=ref.requires_grad)
+        self.record_built_settings()
         return list(range(old, old + len(names)))
 
     def add_functions(self, num_new: int) -> list[int]:
@@ -757,6 +788,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
                 new = nn.Parameter(torch.cat([param.data, fresh]), requires_grad=param.requires_grad)
                 setattr(script, name, new)
         self.config.num_functions = old + num_new
+        self.record_built_settings()
         return list(range(old, old + num_new))
 
     def embed_task_tokens(self, batch_size: int) -> torch.Tensor:
@@ -774,7 +806,9 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             )
         config = self.config
         if inputs_embeds is not None:
-            check_tensor("inputs_embeds", inputs_embeds, "a set of embedding vectors")
+            check_tensor(
+                "inputs_embeds", inputs_embeds, "a set of embedding vectors", self.task_tokens.device
+            )
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
                 raise ValueError(
                     f"`inputs_embeds` must have shape (batch, set_size, {config.hidden_size}), got "
@@ -791,6 +825,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             pixel_values,
             "pixels normalized to about [-1, 1], as NeuralInterpreterImageProcessor gives them; raw 0-255 images go "
             "through the processor first",
+            self.task_tokens.device,
         )
         image_shape = (config.num_channels, config.image_size, config.image_size)
         if pixel_values.dim() == 4:
@@ -914,6 +949,7 @@ class NeuralInterpreterModel(NeuralInterpreterPreTrainedModel):
             check_finite: check the inputs and the output (default `self.checks_finite`); a head passes False and
                 checks them with its own, in one host sync.
         """
+        self.check_built_settings()
         config = self.config
         output_hidden_states = (
             config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -971,6 +1007,9 @@ class NeuralInterpreterForImageClassification(TaskHeadsMixin, NeuralInterpreterP
         self.classifier = nn.ModuleList(self._fresh_heads(self._num_task_heads(config.num_tasks)))
         self.post_init()
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        return ("num_labels",)
+
     def get_input_embeddings(self) -> nn.Module:
         return self.neural_interpreter.patch_embedding
 
@@ -993,6 +1032,7 @@ class NeuralInterpreterForImageClassification(TaskHeadsMixin, NeuralInterpreterP
                 regression, as in transformers' classifiers (`TaskHeadsMixin.classification_loss`).
             routing: the routing options (`RoutingKwargs`), handed to `NeuralInterpreterModel.forward`.
         """
+        self.check_built_settings()
         self.check_task_heads()
         outputs = self.neural_interpreter(
             pixel_values=pixel_values,
@@ -1037,6 +1077,9 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
         self.regressor = TaskHead(d, 1, config.layer_norm_eps)
         self.post_init()
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        return ("num_input_variables",)
+
     def get_input_embeddings(self) -> nn.Module:
         return self.input_projection
 
@@ -1061,8 +1104,9 @@ class NeuralInterpreterForSetRegression(NeuralInterpreterPreTrainedModel):
 
         The routing options (`RoutingKwargs`) are handed to `NeuralInterpreterModel.forward`.
         """
+        self.check_built_settings()
         config = self.config
-        check_tensor("inputs", inputs, "the input variables' values")
+        check_tensor("inputs", inputs, "the input variables' values", self.input_projection.weight.device)
         if inputs.dim() != 2 or inputs.shape[1] != config.num_input_variables:
             raise ValueError(
                 f"`inputs` must have shape (batch, {config.num_input_variables}), got {tuple(inputs.shape)}."
@@ -1113,6 +1157,9 @@ class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
         self.scorer = TaskHead(config.hidden_size, 1, config.layer_norm_eps)
         self.post_init()
 
+    def fixed_settings(self) -> tuple[str, ...]:
+        return PANEL_FIELDS
+
     def get_input_embeddings(self) -> nn.Module:
         return self.panel_embedding
 
@@ -1134,7 +1181,11 @@ class NeuralInterpreterForMultipleChoice(NeuralInterpreterPreTrainedModel):
             labels: (B,) index of each puzzle's correct candidate (-100: not counted).
             routing: the routing options (`RoutingKwargs`), handed to `NeuralInterpreterModel.forward`.
         """
-        check_tensor("pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them")
+        self.check_built_settings()
+        device = self.scorer.linear.weight.device
+        check_tensor(
+            "pixel_values", pixel_values, "panels as NeuralInterpreterPanelProcessor gives them", device
+        )
         check_not_empty(pixel_values.shape[0])
         context, candidates = self.panel_embedding(pixel_values)  # each panel once: (B, 8, d), (B, K, d)
         outputs = self.neural_interpreter(
