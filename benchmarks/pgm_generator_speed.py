@@ -4,7 +4,7 @@
 
 Each (regime, panel size) makes puzzles 0..N-1 of the train split in this one process, as one DataLoader worker
 does (``PGMGenerator[i]``: the structure, the 16 panels rendered and the meta targets), and reports seconds in all,
-puzzles/s and milliseconds per puzzle. The report (stdout, Markdown) starts with the date, CPU, commit and command
+puzzles/s and milliseconds per puzzle; ``--free-attributes random`` times Barrett et al.'s distractors. The report (stdout, Markdown) starts with the date, CPU, commit and command
 line; ``--output-json`` keeps the numbers.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ni_hf.data.pgm_generator import REGIMES, PGMGenerator
+from ni_hf.data.pgm_generator import FREE_ATTRIBUTES, REGIMES, PGMGenerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import cpu_model, git_commit  # noqa: E402
@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-triples", type=int_at_least(1), default=4, help="relations per puzzle, at most"
     )
+    parser.add_argument(
+        "--free-attributes", choices=FREE_ATTRIBUTES, default="constant", help="attributes in no triple"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the generator's seed")
     parser.add_argument("--output-json", type=Path, help="also write the report here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -66,7 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def time_generator(regime: str, panel_size: int, args: argparse.Namespace) -> dict[str, Any]:
     """Seconds for puzzles 0..N-1 of the train split of ``regime`` at ``panel_size``."""
-    puzzles = PGMGenerator(regime, "train", args.num_puzzles, args.seed, panel_size, args.max_triples)
+    puzzles = PGMGenerator(
+        regime,
+        "train",
+        args.num_puzzles,
+        args.seed,
+        panel_size,
+        args.max_triples,
+        free_attributes=args.free_attributes,
+    )
     start = time.perf_counter()
     for i in tqdm(range(len(puzzles)), desc=f"{regime} {panel_size}x{panel_size}", disable=args.quiet):
         puzzles[i]
@@ -74,6 +85,8 @@ def time_generator(regime: str, panel_size: int, args: argparse.Namespace) -> di
     return {
         "regime": regime,
         "panel_size": panel_size,
+        "max_triples": args.max_triples,
+        "free_attributes": args.free_attributes,
         "num_puzzles": args.num_puzzles,
         "seconds": seconds,
         "puzzles_per_second": args.num_puzzles / seconds,
@@ -86,6 +99,7 @@ def markdown_report(report: dict[str, Any]) -> str:
     lines = [
         f"{env['date']} · {env['cpu']} · commit {env['commit']} · Python {env['python']}",
         f"`{env['command']}`",
+        f"load average {', '.join(f'{x:.1f}' for x in env['load_average'])}" if env["load_average"] else "",
         "",
         "| regime | panel | puzzles | seconds | puzzles/s | ms per puzzle |",
         "|---|---|---:|---:|---:|---:|",

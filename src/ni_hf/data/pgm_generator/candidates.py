@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .rendering import render_panels
+from .rendering import _render_candidates
 from .rules import (
     _NUMBER,
     _SET_OPERATIONS,
@@ -72,7 +72,7 @@ def _make_candidates(
 
 def _legible(panels: Sequence[Panel]) -> bool:
     """Whether every two of ``panels`` differ by >= MIN_VISIBLE_DIFFERENCE somewhere at LEGIBLE_PANEL_SIZE."""
-    images = render_panels(panels, LEGIBLE_PANEL_SIZE).reshape(len(panels), -1).astype(np.int16)
+    images = _render_candidates(tuple(panels), LEGIBLE_PANEL_SIZE).reshape(len(panels), -1).astype(np.int16)
     first, second = np.triu_indices(len(panels), 1)
     return int(np.abs(images[first] - images[second]).max(axis=1).min()) >= MIN_VISIBLE_DIFFERENCE
 

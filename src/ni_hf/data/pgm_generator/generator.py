@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .candidates import _make_candidates
-from .rendering import render_panels
+from .rendering import _render_candidates, render_panels
 from .rules import (
     FREE_ATTRIBUTES,
     OBJECT_ATTRIBUTES,
@@ -119,7 +119,10 @@ def generate_puzzle(
     panel_size = _check_int("panel_size", panel_size, 16)
     with_relations = _check_bool("with_relations", with_relations)
     structure = puzzle_structure(regime, split, index, seed, max_triples, free_attributes=free_attributes)
-    panels = render_panels((*structure.context, *structure.candidates), panel_size)
+    # The candidates were drawn at LEGIBLE_PANEL_SIZE to check them: drawn apart, they come from that cache.
+    panels = np.concatenate(
+        (render_panels(structure.context, panel_size), _render_candidates(structure.candidates, panel_size))
+    )
     meta_target, encoded = encode_triples(structure.triples)
     puzzle: dict[str, Any] = {
         "panels": panels,

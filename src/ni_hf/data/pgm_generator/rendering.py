@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -98,6 +98,14 @@ def _render_factor(panel_size: int) -> int:
 def render_panel(panel: Panel, panel_size: int = 80) -> np.ndarray:
     """A panel as a (panel_size, panel_size) uint8 image: white background, darker objects."""
     return render_panels([panel], panel_size)[0]
+
+
+@lru_cache(maxsize=4)
+def _render_candidates(candidates: tuple[Panel, ...], panel_size: int) -> np.ndarray:
+    """``render_panels`` of a puzzle's candidates, kept for the few puzzles last drawn (read-only)."""
+    images = render_panels(candidates, panel_size)
+    images.flags.writeable = False
+    return images
 
 
 def render_panels(panels: Sequence[Panel], panel_size: int = 80) -> np.ndarray:
