@@ -31,6 +31,8 @@ from tqdm.auto import tqdm
 from transformers import PretrainedConfig, Trainer
 
 from ni_hf import (
+    ContextBlindConfig,
+    ContextBlindForMultipleChoice,
     MultiTaskViTConfig,
     MultiTaskViTForMultipleChoice,
     NeuralInterpreterConfig,
@@ -63,6 +65,8 @@ logger = logging.getLogger(__name__)
 ARCHITECTURES = {
     "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForMultipleChoice),
     "vit": (MultiTaskViTConfig, MultiTaskViTForMultipleChoice),
+    # The sanity row of the RAVEN literature: the same panel CNN and scorer, seeing the candidates only.
+    "candidates_only": (ContextBlindConfig, ContextBlindForMultipleChoice),
 }
 # Image settings of the configs, which a PGM model (panels through its panel CNN) never reads.
 UNREAD_CONFIG_KEYS = ("image_size", "patch_size", "num_channels")
@@ -81,7 +85,9 @@ class ModelArguments:
     architecture: str = field(
         default="neural_interpreter",
         metadata={
-            "help": "'neural_interpreter' or 'vit' (the paper's ViT baseline on the same panel embeddings).",
+            "help": "'neural_interpreter', 'vit' (the paper's ViT baseline on the same panel embeddings) or "
+            "'candidates_only' (the same panel CNN and scorer seeing only the candidates: what a model reaches "
+            "without reading the matrix).",
             "choices": list(ARCHITECTURES),
         },
     )
@@ -236,7 +242,7 @@ def check_arguments(
         )
     if model_args.model_name_or_path is None and not args.do_train:
         raise ValueError("--do_train false evaluates a saved model: pass --model_name_or_path.")
-    if model_args.attn_implementation and model_args.architecture == "vit":
+    if model_args.attn_implementation and model_args.architecture != "neural_interpreter":
         raise ValueError(
             "--attn_implementation is the Neural Interpreter's; the ViT baseline runs transformers' own."
         )
@@ -281,6 +287,10 @@ def build_config(model_args: ModelArguments, regime: str) -> PretrainedConfig:
     settings = parse_config_overrides(model_args.config_overrides, config_class)
     if model_args.architecture == "vit":
         return MultiTaskViTConfig.from_paper("pgm", **settings)
+    if model_args.architecture == "candidates_only":  # the panel CNN and width of the paper's PGM model
+        return ContextBlindConfig.from_panel_config(
+            NeuralInterpreterConfig.from_paper("pgm", regime=regime), **settings
+        )
     return NeuralInterpreterConfig.from_paper("pgm", regime=regime, **settings)
 
 

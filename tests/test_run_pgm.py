@@ -189,3 +189,17 @@ def test_the_context_of_another_puzzle_keeps_each_puzzles_candidates():
     assert [int(p["panels"][0, 0, 0]) for p in shuffled] == [1, 2, 0]  # the next puzzle's context
     assert [int(p["panels"][8, 0, 0]) for p in shuffled] == [0, 1, 2]  # its own candidates
     assert [p["target"] for p in shuffled] == [0, 1, 2]
+
+
+def test_the_context_blind_baseline_trains_on_the_same_scaffolding(tmp_path):
+    """The panel CNN and scorer seeing the candidates only: no anytime curve, no routing picture; its other-context
+    accuracy equals its own (it never reads the context)."""
+    with _scripts.one_thread():
+        results = run_pgm.main(
+            ["--preset", "quick", "--architecture", "candidates_only", "--output_dir", str(tmp_path), "--report_to",
+             "none"]
+        )  # fmt: skip
+    assert results["architecture"] == "candidates_only" and "anytime" not in results
+    assert results["test_other_context"]["accuracy"] == pytest.approx(results["test"]["accuracy"])
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "ni_context_blind"
+    assert not (tmp_path / "routing_path.png").exists()

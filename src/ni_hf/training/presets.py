@@ -342,6 +342,8 @@ _PGM_CPU_MODELS = {
     "vit": dict(
         hidden_size=64, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64, **_PGM_CPU_PANELS
     ),
+    # The Neural Interpreter's panel CNN and scorer, seeing the candidates only.
+    "candidates_only": dict(hidden_size=64, **_PGM_CPU_PANELS),
 }
 _PGM_QUICK_MODELS = {
     "neural_interpreter": dict(
@@ -358,6 +360,7 @@ _PGM_QUICK_MODELS = {
     "vit": dict(
         hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, **_PGM_QUICK_PANELS
     ),
+    "candidates_only": dict(hidden_size=16, **_PGM_QUICK_PANELS),
 }
 
 # The PGM presets of examples/run_pgm.py.
@@ -385,7 +388,7 @@ PGM_PRESETS: dict[str, Preset] = {
             "save_strategy": "no",
         },
         config=_PGM_CPU_MODELS["neural_interpreter"],
-        architectures={"vit": _PGM_CPU_MODELS["vit"]},
+        architectures={name: _PGM_CPU_MODELS[name] for name in ("vit", "candidates_only")},
     ),
     "quick": Preset(
         help="a smoke test: a tiny model, 64 generated puzzles of 16x16 panels, one epoch",
@@ -403,6 +406,6 @@ PGM_PRESETS: dict[str, Preset] = {
             "logging_steps": 1,
         },
         config=_PGM_QUICK_MODELS["neural_interpreter"],
-        architectures={"vit": _PGM_QUICK_MODELS["vit"]},
+        architectures={name: _PGM_QUICK_MODELS[name] for name in ("vit", "candidates_only")},
     ),
 }

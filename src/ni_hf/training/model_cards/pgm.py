@@ -41,6 +41,7 @@ PGM_NI_SUMMARY_KEYS = (
     "panel_cnn_layers",
     "panel_cnn_channels",
 )
+PGM_CONTEXT_BLIND_SUMMARY_KEYS = ("hidden_size", "panel_size", "panel_cnn_layers", "panel_cnn_channels")
 PGM_VIT_SUMMARY_KEYS = (*VIT_SUMMARY_KEYS[:4], "panel_size", "panel_cnn_layers", "panel_cnn_channels")
 
 
@@ -78,7 +79,11 @@ def write_pgm_model_card(
 
     from ... import __version__
 
-    config, vit = model.config, results["architecture"] == "vit"
+    config, architecture = model.config, results["architecture"]
+    summary_keys = {"vit": PGM_VIT_SUMMARY_KEYS, "candidates_only": PGM_CONTEXT_BLIND_SUMMARY_KEYS}.get(
+        architecture, PGM_NI_SUMMARY_KEYS
+    )
+    other = results.get("test_other_context")
     splits = [split for split in ("val", "test") if split in results]
     split_rows = [
         {"split": s, "accuracy": percent(results[s]["accuracy"]), "num_samples": results[s]["num_samples"]}
@@ -133,7 +138,9 @@ def write_pgm_model_card(
             model_name=repo_id.split("/")[-1],
             pipeline_tag=None,
             tags=[
-                "neural-interpreters" if not vit else "neural-interpreters-baseline",
+                "neural-interpreters"
+                if architecture == "neural_interpreter"
+                else "neural-interpreters-baseline",
                 "pgm",
                 "abstract-reasoning",
                 "ni_hf",
@@ -143,7 +150,10 @@ def write_pgm_model_card(
         template(template_path, DEFAULT_PGM_TEMPLATE),
         model_name=repo_id.split("/")[-1],
         repo_id=repo_id,
-        architecture=results["architecture"],
+        architecture=architecture,
+        other_context=None
+        if not other
+        else {"accuracy": percent(other["accuracy"]), "num_samples": other["num_samples"]},
         model_class=type(model).__name__,
         config=config,
         regime=results["regime"],
@@ -159,9 +169,7 @@ def write_pgm_model_card(
             "RAdam" if training_args.radam else str(training_args.optim),
             results.get("train", {}),
         ),
-        config_summary={
-            key: getattr(config, key) for key in (PGM_VIT_SUMMARY_KEYS if vit else PGM_NI_SUMMARY_KEYS)
-        },
+        config_summary={key: getattr(config, key) for key in summary_keys},
         num_parameters=f"{model.num_parameters():,}",
         num_trainable_parameters=f"{model.num_parameters(only_trainable=True):,}",
         hardware=describe_hardware(
