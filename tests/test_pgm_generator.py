@@ -163,6 +163,15 @@ def test_correct_candidate_satisfies_every_relation_and_no_other_does(free_attri
     assert sizes == {1, 2, 3, 4}
 
 
+@pytest.mark.parametrize("max_triples", [1, 2, 3, 4])
+def test_max_triples_bounds_the_number_of_triples_as_in_deepminds_data(max_triples):
+    """1 to ``max_triples`` triples a puzzle (2 to it in the pair regimes), every number of them drawn."""
+    for regime in ("neutral", "attrs.pairs") if max_triples > 1 else ("neutral",):
+        low = 2 if regime == "attrs.pairs" else 1
+        sizes = {len(puzzle_structure(regime, "train", i, 5, max_triples).triples) for i in range(60)}
+        assert sizes == set(range(low, max_triples + 1)), (regime, sizes)
+
+
 @pytest.mark.parametrize("free_attributes", FREE_ATTRIBUTES)
 def test_no_spurious_relation_on_the_complete_rows(free_attributes):
     for regime in ("neutral", "interpolation", "attr.rels"):
