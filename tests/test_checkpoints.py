@@ -107,14 +107,28 @@ def evaluate_args(path: Path, output_dir: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def refused_by_run_digits(argv: list[str], pattern: str, capsys) -> str:
+    """run_digits.main(argv) refuses, with a ValueError or (in its argument checks) argparse's exit status 2 and the
+    message on stderr; the message, which must match ``pattern``."""
+    try:
+        run_digits.main(argv)
+    except ValueError as error:
+        message = str(error)
+    except SystemExit as exit_info:
+        assert exit_info.code == 2
+        message = capsys.readouterr().err
+    else:
+        pytest.fail("run_digits.py did not refuse")
+    assert re.search(pattern, message), message
+    return message
+
+
 @pytest.mark.parametrize("name", ["other_config", "truncated", "bin"])
 def test_run_digits_refuses_weights_that_do_not_fit_before_loading_data(
-    checkpoints, name, no_data_loading, tmp_path
+    checkpoints, name, no_data_loading, tmp_path, capsys
 ):
-    with pytest.raises(
-        ValueError, match=REFUSALS[name].replace("NeuralInterpreterForImageClassification", ".*")
-    ):
-        run_digits.main(evaluate_args(checkpoints[name], tmp_path / "eval"))
+    pattern = REFUSALS[name].replace("NeuralInterpreterForImageClassification", ".*")
+    refused_by_run_digits(evaluate_args(checkpoints[name], tmp_path / "eval"), pattern, capsys)
 
 
 def test_run_digits_refuses_a_vit_config_with_a_neural_interpreters_weights(
@@ -202,18 +216,16 @@ def test_a_run_records_the_sha256_of_its_weights_and_of_each_checkpoints(trained
 
 
 def test_run_digits_refuses_weights_whose_bytes_changed_before_loading_data(
-    trained, no_data_loading, tmp_path
+    trained, no_data_loading, tmp_path, capsys
 ):
     """64 flipped bytes in the tensor data: safetensors still reads the file, the checksum does not match."""
     changed = shutil.copytree(trained, tmp_path / "changed", ignore=shutil.ignore_patterns("checkpoint-*"))
     expected = json.loads((changed / CHECKSUM_NAME).read_text())["files"]["model.safetensors"]
     flip_data_bytes(changed / "model.safetensors")
     found = hashlib.sha256((changed / "model.safetensors").read_bytes()).hexdigest()
-    with pytest.raises(
-        ValueError, match=r"--model_name_or_path .*changed/model.safetensors has SHA-256"
-    ) as info:
-        run_digits.main(evaluate_args(changed, tmp_path / "eval"))
-    assert hashes_in(str(info.value)) == [found, expected]
+    pattern = r"--model_name_or_path .*changed/model.safetensors has SHA-256"
+    message = refused_by_run_digits(evaluate_args(changed, tmp_path / "eval"), pattern, capsys)
+    assert hashes_in(message) == [found, expected]
     assert not (tmp_path / "eval" / "eval_results.json").exists()
     with pytest.raises(
         ValueError, match=f"--model .*has SHA-256 {found}, but .*{CHECKSUM_NAME} records {expected}"
@@ -260,3 +272,27 @@ def test_the_checksum_file_itself_is_checked(checkpoints, tmp_path):
         verify_weights_checksum(folder)
     with pytest.raises(ValueError, match="no weights file"):
         write_weights_checksum(tmp_path)
+
+
+def test_the_checksum_mixin_writes_beside_weights_and_warns_without_them(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    from ni_hf.training.checkpoints import WeightsChecksumMixin
+
+    class Saver:
+        args = SimpleNamespace(should_save=True, output_dir=str(tmp_path))
+
+        def save_model(self, output_dir=None, _internal_call=False):
+            self.saved = output_dir
+
+    class ChecksumSaver(WeightsChecksumMixin, Saver):
+        pass
+
+    ChecksumSaver().save_model()  # a sharded FSDP or DeepSpeed save writes no weights file of these names
+    assert not (tmp_path / CHECKSUM_NAME).exists() and f"so no {CHECKSUM_NAME}" in caplog.text
+    (tmp_path / "checkpoint-3").mkdir()
+    save_file({"w": torch.ones(2)}, tmp_path / "checkpoint-3" / "model.safetensors")
+    ChecksumSaver().save_model(str(tmp_path / "checkpoint-3"), _internal_call=True)
+    assert verify_weights_checksum(tmp_path / "checkpoint-3") is True

@@ -428,12 +428,18 @@ def output_dir_lock(output_dir: str, enabled: bool = True) -> Iterator[None]:
 
 class WeightsChecksumMixin:
     """Trainer mixin: every model the Trainer saves (``save_model``, each ``checkpoint-<step>``) gets its
-    ``weights_sha256.json`` (``write_weights_checksum``), written by the process that saves."""
+    ``weights_sha256.json`` (``write_weights_checksum``), written by the process that saves; a save without a weights
+    file of transformers' names (a sharded FSDP or DeepSpeed state) gets none, with a warning."""
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
-        if self.args.should_save:
-            write_weights_checksum(output_dir or self.args.output_dir)
+        folder = Path(output_dir or self.args.output_dir)
+        if not self.args.should_save:
+            return
+        if _weights_files(folder):
+            write_weights_checksum(folder)
+        else:  # e.g. a sharded FSDP or DeepSpeed state, which its own engine reads
+            logger.warning(f"{folder}: no weights file of {', '.join(WEIGHTS_NAMES)}, so no {CHECKSUM_NAME}.")
 
 
 class _LogAtEverySave(transformers.TrainerCallback):
