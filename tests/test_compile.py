@@ -109,10 +109,10 @@ def test_fullgraph_compile_matches_eager_in_outputs_and_gradients(overrides):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (inductor + bf16 autocast)")
-@pytest.mark.parametrize("implementation", ["fast", "sdpa", "eager"])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])  # "fast" is CPU code: it refuses a CUDA model
 def test_compiled_bf16_training_step_matches_eager_on_gpu(implementation):
     """Inductor's forward and backward under bf16 autocast: the loss and every gradient agree with eager execution
-    of the same implementation (compiled on CUDA, every implementation runs the literal form of Eq. 6)."""
+    of the same implementation (compiled on CUDA, both run the literal form of Eq. 6)."""
     model = _untruncated_digits_model(attn_implementation=implementation).cuda().train()
     inputs = {
         "pixel_values": torch.randn(16, 3, 32, 32, device="cuda"),
