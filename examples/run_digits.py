@@ -48,7 +48,7 @@ from ni_hf.data.digits import (
 )
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PAPER_PRESETS
 from ni_hf.training.callbacks import time_limit_callbacks
-from ni_hf.training.checkpoints import check_weights_readable, read_checkpoint_config
+from ni_hf.training.checkpoints import check_weights_readable, read_checkpoint_config, verify_weights_checksum
 from ni_hf.training.data_transfer import compile_for_static_batches
 from ni_hf.training.evaluation import load_multitask_accuracy, make_compute_metrics
 from ni_hf.training.image_classification import (
@@ -248,7 +248,9 @@ def check_arguments(
         return
     check_evaluation_only(model_args, args, given)
     model_args.model_name_or_path = check_model_path(path)
+    read_checkpoint_config(model_args.model_name_or_path)  # a folder without (or with a broken) config.json
     check_weights_readable(model_args.model_name_or_path)
+    verify_weights_checksum(model_args.model_name_or_path, "--model_name_or_path")
 
 
 def check_evaluation_only(

@@ -37,7 +37,7 @@ from ni_hf import (
 from ni_hf.data.images import ImageClassificationTransform, ImageDatasetSource, ImageTask, load_image_tasks
 from ni_hf.models.neural_interpreter.configuration_neural_interpreter import PAPER_PRESETS
 from ni_hf.training.callbacks import time_limit_callbacks
-from ni_hf.training.checkpoints import check_weights_readable, read_checkpoint_config
+from ni_hf.training.checkpoints import check_weights_readable, read_checkpoint_config, verify_weights_checksum
 from ni_hf.training.data_transfer import compile_for_static_batches
 from ni_hf.training.evaluation import load_multitask_accuracy, make_compute_metrics
 from ni_hf.training.image_classification import (
@@ -265,7 +265,9 @@ def check_saved_model(model_args: ModelArguments, given: frozenset[str]) -> None
             f"{', '.join(new_model)} with --model_name_or_path: settings of a new model; the saved model's are used."
         )
     model_args.model_name_or_path = check_model_path(model_args.model_name_or_path)
+    read_checkpoint_config(model_args.model_name_or_path)  # a folder without (or with a broken) config.json
     check_weights_readable(model_args.model_name_or_path)
+    verify_weights_checksum(model_args.model_name_or_path, "--model_name_or_path")
 
 
 def data_sources(data_args: DataArguments) -> list[ImageDatasetSource]:
@@ -384,14 +386,12 @@ def prepare_model(run: ExampleRun, model_args: ModelArguments, tasks: list[Image
     if path is not None:
         model_args.architecture = saved_architecture(path)
     model_class = ARCHITECTURES[model_args.architecture][1]
-    kwargs = {"ignore_mismatched_sizes": True} if model_args.ignore_mismatched_sizes and path else {}
     model = run.model(
         model_class,
         config=None if path else build_config(model_args, tasks),
         path=path,
         allow_mismatched_weights=model_args.allow_mismatched_weights or model_args.ignore_mismatched_sizes,
         attn_implementation=model_args.attn_implementation,
-        **kwargs,
     )
     if path is not None and run.args.do_train:
         num_labels, names = label_sets(tasks)

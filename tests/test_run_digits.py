@@ -733,3 +733,21 @@ def test_model_card_leaves_out_a_numpy_nan_accuracy_like_a_python_one():
     ]
     assert [result.dataset_name for result in digits_eval_results(tasks)] == ["SVHN"]
     assert _percent(np.float32("nan")) == _percent(float("nan"))
+
+
+def test_flipped_weight_bytes_or_a_folder_without_config_are_refused_before_evaluating(single_run, tmp_path):
+    """Safetensors has no checksum: the run's weights_sha256.json catches 64 flipped data bytes (which loaded, and
+    evaluated to a wrong accuracy), and a folder without config.json is named as such."""
+    saved = tmp_path / "saved"
+    shutil.copytree(single_run[0], saved, ignore=shutil.ignore_patterns("checkpoint-*"))
+    weights = saved / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(255 - b for b in data[-64:])
+    weights.write_bytes(bytes(data))
+    args = quick_args(tmp_path / "eval", "--model_name_or_path", str(saved), "--do_train", "false")
+    with _scripts.refused("has SHA-256 .* the file changed after it was saved"):
+        run_digits.main(args)
+    shutil.copy(single_run[0] / "model.safetensors", weights)
+    (saved / "config.json").unlink()
+    with _scripts.refused("the folder holds no config.json"):
+        run_digits.main(args)

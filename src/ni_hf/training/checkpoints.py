@@ -168,6 +168,16 @@ def verify_weights_checksum(path: str | os.PathLike, option: str = "--model_name
 
 def read_checkpoint_config(path: str, option: str = "--model_name_or_path") -> dict[str, Any]:
     """The config.json of a local folder or a Hub repo as a dict; neither is an error naming ``option``."""
+    config_file = Path(path).expanduser() / "config.json"
+    if (
+        Path(path).expanduser().is_dir()
+    ):  # transformers 5 reads a folder without config.json as an empty config
+        if not config_file.is_file():
+            raise ValueError(f"{option} {path}: the folder holds no config.json, so no saved model.")
+        try:
+            json.loads(config_file.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{option} {path}: {config_file} is not valid JSON ({error}).") from None
     try:
         config_dict, _ = transformers.PretrainedConfig.get_config_dict(path)
     except OSError as error:

@@ -144,10 +144,11 @@ class ExampleRun:
         return torch.optim.RAdam, {"lr": args.learning_rate, "betas": betas, "eps": args.adam_epsilon}
 
     def resume_checkpoint(self, output_dir: str | None = None) -> str | None:
-        """The checkpoint ``--resume_from_checkpoint`` names ("last": the newest complete one), or None."""
+        """The checkpoint ``--resume_from_checkpoint`` names ("last": the newest complete one), or None; a damaged
+        checkpoint, or one of a run that has finished, is refused."""
         args = self.args
         return checkpoints.resolve_resume_checkpoint(
-            args.resume_from_checkpoint if args.do_train else None, output_dir or args.output_dir
+            args.resume_from_checkpoint if args.do_train else None, output_dir or args.output_dir, args
         )
 
     def train(self, trainer: Trainer, resume: str | bool | None = None, **record: Any) -> dict[str, Any]:
