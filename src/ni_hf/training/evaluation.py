@@ -157,22 +157,12 @@ def make_compute_metrics(
 
     def compute_metrics(eval_pred: Any) -> dict[str, float]:
         """Compute overall and per-task accuracy from a Trainer ``EvalPrediction``."""
-        predictions = eval_pred.predictions
-        if isinstance(predictions, (tuple, list)):
-            predictions = predictions[0]
-        predictions = np.asarray(predictions)
-        label_ids = eval_pred.label_ids
-        if not isinstance(label_ids, (tuple, list)) or len(label_ids) != 2:
-            raise ValueError(
-                "compute_metrics needs label_ids=(labels, task_ids); set "
-                'TrainingArguments(label_names=["labels", "task_ids"])'
-            )
-        labels, task_ids = (np.asarray(x).reshape(-1) for x in label_ids)
+        predictions = _first_predictions(eval_pred.predictions)
+        labels, task_ids = _labels_and_task_ids(eval_pred.label_ids)
         if to_data is not None:
             task_ids = to_data[task_ids]
         if num_labels is not None and predictions.ndim > 1:
-            own = np.arange(predictions.shape[-1])[None, :] < np.asarray(num_labels)[task_ids][:, None]
-            predictions = np.where(own, predictions, -np.inf)
+            predictions = _mask_other_tasks_classes(predictions, task_ids, num_labels)
         classes = predictions.argmax(axis=-1) if predictions.ndim > 1 else predictions
         if metric is None:
             results = compute_multitask_accuracy(classes, labels, task_ids, names)
@@ -184,17 +174,55 @@ def make_compute_metrics(
                 task_names=names,
             )
         if predictions.ndim > 1:
-            logits = predictions.astype(np.float64)
-            shifted = logits - logits.max(-1, keepdims=True)
-            log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-            results["loss"] = float(-log_probs[np.arange(len(labels)), labels].mean())
+            results["loss"] = _mean_cross_entropy(predictions, labels)
         if names is not None:
-            results["num_samples"] = len(labels)
-            for task_id, name in enumerate(names):
-                results[f"num_samples_{name}"] = int((task_ids == task_id).sum())
+            results |= _sample_counts(labels, task_ids, names)
         return results
 
     return compute_metrics
+
+
+def _first_predictions(predictions: Any) -> np.ndarray:
+    """The predictions as an array: the first element when the model returned a tuple."""
+    if isinstance(predictions, (tuple, list)):
+        predictions = predictions[0]
+    return np.asarray(predictions)
+
+
+def _labels_and_task_ids(label_ids: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``EvalPrediction.label_ids`` into flat ``labels`` and ``task_ids``, naming the setting when it is not
+    the pair."""
+    if not isinstance(label_ids, (tuple, list)) or len(label_ids) != 2:
+        raise ValueError(
+            "compute_metrics needs label_ids=(labels, task_ids); set "
+            'TrainingArguments(label_names=["labels", "task_ids"])'
+        )
+    labels, task_ids = (np.asarray(x).reshape(-1) for x in label_ids)
+    return labels, task_ids
+
+
+def _mask_other_tasks_classes(
+    logits: np.ndarray, task_ids: np.ndarray, num_labels: Sequence[int]
+) -> np.ndarray:
+    """Logits with -inf beyond each sample's task's own ``num_labels`` classes."""
+    own = np.arange(logits.shape[-1])[None, :] < np.asarray(num_labels)[task_ids][:, None]
+    return np.where(own, logits, -np.inf)
+
+
+def _mean_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Mean cross-entropy over samples, from logits (float64 log-softmax)."""
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return float(-log_probs[np.arange(len(labels)), labels].mean())
+
+
+def _sample_counts(labels: np.ndarray, task_ids: np.ndarray, names: Sequence[str]) -> dict[str, int]:
+    """``num_samples`` and ``num_samples_<task>`` of each task."""
+    counts = {"num_samples": len(labels)}
+    for task_id, name in enumerate(names):
+        counts[f"num_samples_{name}"] = int((task_ids == task_id).sum())
+    return counts
 
 
 def r2_per_function(predictions: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor) -> np.ndarray:
