@@ -80,16 +80,84 @@ def write_pgm_model_card(
     from ... import __version__
 
     config, architecture = model.config, results["architecture"]
-    summary_keys = {"vit": PGM_VIT_SUMMARY_KEYS, "candidates_only": PGM_CONTEXT_BLIND_SUMMARY_KEYS}.get(
-        architecture, PGM_NI_SUMMARY_KEYS
-    )
     other = results.get("test_other_context")
     splits = [split for split in ("val", "test") if split in results]
-    split_rows = [
+    runtime = results.get("train", {}).get("train_runtime")
+    card = render(
+        _pgm_card_data(results, repo_id, architecture),
+        template(template_path, DEFAULT_PGM_TEMPLATE),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        architecture=architecture,
+        other_context=None
+        if not other
+        else {"accuracy": percent(other["accuracy"]), "num_samples": other["num_samples"]},
+        model_class=type(model).__name__,
+        config=config,
+        regime=results["regime"],
+        data_description=_data_description(results),
+        split_rows=_split_rows(results, splits),
+        relation_rows=_relation_rows(results, splits),
+        anytime_rows=_anytime_rows(results, splits),
+        paper_reference=_paper_reference(results["regime"]),
+        training_command=results["command"],
+        launcher_note=launcher_note,
+        hyperparameters=training_hyperparameters(
+            training_args,
+            "RAdam" if training_args.radam else str(training_args.optim),
+            results.get("train", {}),
+        ),
+        config_summary={key: getattr(config, key) for key in _summary_keys(architecture)},
+        num_parameters=f"{model.num_parameters():,}",
+        num_trainable_parameters=f"{model.num_parameters(only_trainable=True):,}",
+        hardware=describe_hardware(
+            str(training_args.device), training_args.world_size, mixed_precision(training_args)
+        ),
+        train_runtime=f"{runtime:.0f} s" if runtime is not None else "not trained in this run",
+        transformers_version=transformers.__version__,
+        ni_hf_version=__version__,
+        limitations=_limitations(results["dataset_source"]),
+    )
+    path = Path(output_dir) / "README.md"
+    card.save(path)
+    return path
+
+
+def _summary_keys(architecture: str) -> tuple[str, ...]:
+    """The config settings the card lists for ``architecture``."""
+    return {"vit": PGM_VIT_SUMMARY_KEYS, "candidates_only": PGM_CONTEXT_BLIND_SUMMARY_KEYS}.get(
+        architecture, PGM_NI_SUMMARY_KEYS
+    )
+
+
+def _pgm_card_data(results: Mapping[str, Any], repo_id: str, architecture: str) -> ModelCardData:
+    """The card's metadata: library, license, tags and the model-index results."""
+    return ModelCardData(
+        library_name="transformers",
+        license="mit",
+        model_name=repo_id.split("/")[-1],
+        pipeline_tag=None,
+        tags=[
+            "neural-interpreters" if architecture == "neural_interpreter" else "neural-interpreters-baseline",
+            "pgm",
+            "abstract-reasoning",
+            "ni_hf",
+        ],
+        eval_results=pgm_eval_results(results),
+    )
+
+
+def _split_rows(results: Mapping[str, Any], splits: list[str]) -> list[dict[str, Any]]:
+    """Accuracy and number of puzzles of each evaluated split."""
+    return [
         {"split": s, "accuracy": percent(results[s]["accuracy"]), "num_samples": results[s]["num_samples"]}
         for s in splits
     ]
-    relation_rows = [
+
+
+def _relation_rows(results: Mapping[str, Any], splits: list[str]) -> list[dict[str, Any]]:
+    """Accuracy (number of puzzles) per relation type and split; "-" where a split has none of the type."""
+    return [
         {
             "name": name,
             "values": [
@@ -101,27 +169,41 @@ def write_pgm_model_card(
         }
         for name in PGM_RELATION_TYPES
     ]
-    anytime_rows = [
+
+
+def _anytime_rows(results: Mapping[str, Any], splits: list[str]) -> list[dict[str, Any]]:
+    """Accuracy of each split per number of function iterations (the anytime curve)."""
+    return [
         {
             "function_iterations": row["function_iterations"],
             "values": [percent(row.get(f"{s}_accuracy")) for s in splits],
         }
         for row in results.get("anytime", [])
     ]
-    reference = PGM_TABLE_2.get(results["regime"])
-    paper_reference = (
-        "; ".join(f"{name} {val} / {test}" for name, (val, test) in reference.items())
-        if reference
-        else "the paper does not report this regime"
-    )
-    source = results["dataset_source"]
+
+
+def _paper_reference(regime: str) -> str:
+    """The paper's Table 2 val / test accuracies of ``regime``, or a line saying it does not report it."""
+    reference = PGM_TABLE_2.get(regime)
+    if not reference:
+        return "the paper does not report this regime"
+    return "; ".join(f"{name} {val} / {test}" for name, (val, test) in reference.items())
+
+
+def _data_description(results: Mapping[str, Any]) -> str:
+    """Where the run's puzzles came from and how many of each split it had."""
     sizes = results.get("sizes", {})
-    data = {
+    source = {
         "generated": f"the package's offline PGM-style generator (at most {results.get('max_triples')} triple(s) per "
         "puzzle)",
         "hub": "the Hub's HuggingFaceM4/PGM (neutral)",
         "deepmind": "DeepMind's PGM release",
-    }[source] + f", {', '.join(f'{n:,} {s}' for s, n in sizes.items())} puzzles"
+    }[results["dataset_source"]]
+    return source + f", {', '.join(f'{n:,} {s}' for s, n in sizes.items())} puzzles"
+
+
+def _limitations(source: str) -> list[str]:
+    """The card's limitations: the run's scale, and for generated puzzles that they are not DeepMind's."""
     limitations = [
         "Measured at the scale of this run, not the paper's (1.2M training puzzles, 30 epochs on GPUs).",
     ]
@@ -130,56 +212,4 @@ def write_pgm_model_card(
             "The generator follows Barrett et al. 2018's description, not DeepMind's code: its puzzles, value sets and "
             "held-out sets are its own, so the numbers are not comparable with the paper's Table 2."
         )
-    runtime = results.get("train", {}).get("train_runtime")
-    card = render(
-        ModelCardData(
-            library_name="transformers",
-            license="mit",
-            model_name=repo_id.split("/")[-1],
-            pipeline_tag=None,
-            tags=[
-                "neural-interpreters"
-                if architecture == "neural_interpreter"
-                else "neural-interpreters-baseline",
-                "pgm",
-                "abstract-reasoning",
-                "ni_hf",
-            ],
-            eval_results=pgm_eval_results(results),
-        ),
-        template(template_path, DEFAULT_PGM_TEMPLATE),
-        model_name=repo_id.split("/")[-1],
-        repo_id=repo_id,
-        architecture=architecture,
-        other_context=None
-        if not other
-        else {"accuracy": percent(other["accuracy"]), "num_samples": other["num_samples"]},
-        model_class=type(model).__name__,
-        config=config,
-        regime=results["regime"],
-        data_description=data,
-        split_rows=split_rows,
-        relation_rows=relation_rows,
-        anytime_rows=anytime_rows,
-        paper_reference=paper_reference,
-        training_command=results["command"],
-        launcher_note=launcher_note,
-        hyperparameters=training_hyperparameters(
-            training_args,
-            "RAdam" if training_args.radam else str(training_args.optim),
-            results.get("train", {}),
-        ),
-        config_summary={key: getattr(config, key) for key in summary_keys},
-        num_parameters=f"{model.num_parameters():,}",
-        num_trainable_parameters=f"{model.num_parameters(only_trainable=True):,}",
-        hardware=describe_hardware(
-            str(training_args.device), training_args.world_size, mixed_precision(training_args)
-        ),
-        train_runtime=f"{runtime:.0f} s" if runtime is not None else "not trained in this run",
-        transformers_version=transformers.__version__,
-        ni_hf_version=__version__,
-        limitations=limitations,
-    )
-    path = Path(output_dir) / "README.md"
-    card.save(path)
-    return path
+    return limitations
