@@ -218,31 +218,10 @@ def write_fuzzy_boolean_model_card(
 
     output_dir = Path(output_dir)
     sizes, arguments, pre, env = (
-        results["protocol"],
-        results["arguments"],
-        results["pretraining"],
-        results["environment"],
+        results[key] for key in ("protocol", "arguments", "pretraining", "environment")
     )
-    folders = [
-        name
-        for name in ("pretrain", *(f"adapt-{setting}" for setting in results["adaptation"]))
-        if (output_dir / name / "config.json").is_file()
-    ]
-    for source in (output_dir / folders[0]).glob("*.py") if folders else ():  # the model's remote code
-        shutil.copyfile(source, output_dir / source.name)
-    trained_here = "train_steps" in pre
-    if sizes["protocol"] != "full":
-        recipe_note = ""  # the template says so in bold
-    elif deviations:
-        recipe_note = "This run deviates from the paper's protocol: " + "; ".join(deviations) + "."
-    else:
-        recipe_note = (
-            "This run followed the paper's protocol (section 4.1 and its appendix's hyperparameter table)."
-        )
-    per_function = [
-        ("pretrain", pre),
-        *((f"adapt-{name}", info) for name, info in results["adaptation"].items()),
-    ]
+    folders = _saved_model_folders(output_dir, results)
+    _copy_model_code(output_dir, folders)
     card = build_fuzzy_boolean_model_card(
         template_path=template_path,
         routing=routing,
@@ -252,23 +231,13 @@ def write_fuzzy_boolean_model_card(
         example_folder=folders[0] if folders else "pretrain",
         protocol=sizes["protocol"],
         protocol_note=protocol_note,
-        recipe_note=recipe_note,
+        recipe_note=_recipe_note(sizes["protocol"], deviations),
         num_pretrain_functions=arguments["num_pretrain_functions"],
         num_adapt_functions=arguments["num_adapt_functions"],
-        settings=[
-            {
-                "name": name,
-                "label": info["label"],
-                "trainable": f"{sum(info['trainable_parameters'].values()):,}",
-            }
-            for name, info in results["adaptation"].items()
-        ],
+        settings=_adaptation_settings(results),
         has_pretrain="pretrain" in folders,
         results_markdown=markdown.strip(),
-        per_function=[
-            {"name": name, "r2": ", ".join(f"{v:.4f}" for v in info["r2_per_function"])}
-            for name, info in per_function
-        ],
+        per_function=_r2_per_function_rows(results),
         dataset_seed=arguments["dataset_seed"],
         adapt_dataset_seed=arguments["adapt_dataset_seed"],
         function_form="canonical",
@@ -276,25 +245,86 @@ def write_fuzzy_boolean_model_card(
         test_percent=f"{100 * sizes['test_fraction']:g}",
         training_command=command,
         launcher_note=launcher_note,
-        hyperparameters={
-            "protocol": sizes["protocol"],
-            "batch (global)": sizes["batch_size"],
-            "processes x batch per process": f"{sizes['world_size']} x {sizes['per_device_batch_size']}",
-            "pre-training": f"{pre['train_steps']} steps, RAdam lr {sizes['pretrain_learning_rate']}, constant"
-            if trained_here
-            else f"loaded from {pre['checkpoint']} (not trained here)",
-            "adaptation": f"{sizes['adapt_length']} per setting, RAdam lr {_adaptation_rates(sizes)}, constant",
-            "seed (model, CLS tokens, data order)": results["seed"],
-        },
+        hyperparameters=_fuzzy_boolean_hyperparameters(results),
         model_changes="",
         hardware=describe_hardware(env["device"], sizes["world_size"], env["mixed_precision"]),
         wall_time=f"{results['wall_time_s']:.0f} s",
         transformers_version=env["transformers"],
         ni_hf_version=__version__,
-        extra_limitations=[]
-        if trained_here
-        else [f"The pre-trained model was loaded from `{pre['checkpoint']}`; it is not part of this folder."],
+        extra_limitations=_loaded_pretraining_limitations(pre),
     )
     path = output_dir / "README.md"
     card.save(str(path))
     return path
+
+
+def _loaded_pretraining_limitations(pretraining: Mapping[str, Any]) -> list[str]:
+    """The limitation a run that loaded its pre-trained model adds: that model is not in the run's folder."""
+    if "train_steps" in pretraining:
+        return []
+    return [
+        f"The pre-trained model was loaded from `{pretraining['checkpoint']}`; it is not part of this folder."
+    ]
+
+
+def _saved_model_folders(output_dir: Path, results: Mapping[str, Any]) -> list[str]:
+    """The run's model folders (``pretrain``, ``adapt-<setting>``) that hold a saved model, in that order."""
+    return [
+        name
+        for name in ("pretrain", *(f"adapt-{setting}" for setting in results["adaptation"]))
+        if (output_dir / name / "config.json").is_file()
+    ]
+
+
+def _copy_model_code(output_dir: Path, folders: Sequence[str]) -> None:
+    """Copy the model's remote code (the first saved folder's ``*.py``) to the top of ``output_dir``."""
+    for source in (output_dir / folders[0]).glob("*.py") if folders else ():
+        shutil.copyfile(source, output_dir / source.name)
+
+
+def _recipe_note(protocol: str, deviations: Sequence[str]) -> str:
+    """What a full-protocol run says about following the paper's recipe (other protocols: the template says it)."""
+    if protocol != "full":
+        return ""  # the template says so in bold
+    if deviations:
+        return "This run deviates from the paper's protocol: " + "; ".join(deviations) + "."
+    return "This run followed the paper's protocol (section 4.1 and its appendix's hyperparameter table)."
+
+
+def _adaptation_settings(results: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Name, label and number of trainable parameters of each adaptation setting."""
+    return [
+        {
+            "name": name,
+            "label": info["label"],
+            "trainable": f"{sum(info['trainable_parameters'].values()):,}",
+        }
+        for name, info in results["adaptation"].items()
+    ]
+
+
+def _r2_per_function_rows(results: Mapping[str, Any]) -> list[dict[str, str]]:
+    """R^2 of every function of the pre-trained and each adapted model."""
+    per_function = [
+        ("pretrain", results["pretraining"]),
+        *((f"adapt-{name}", info) for name, info in results["adaptation"].items()),
+    ]
+    return [
+        {"name": name, "r2": ", ".join(f"{v:.4f}" for v in info["r2_per_function"])}
+        for name, info in per_function
+    ]
+
+
+def _fuzzy_boolean_hyperparameters(results: Mapping[str, Any]) -> dict[str, Any]:
+    """The card's hyperparameter table: protocol, batch, processes, pre-training, adaptation and seed."""
+    sizes, pre = results["protocol"], results["pretraining"]
+    return {
+        "protocol": sizes["protocol"],
+        "batch (global)": sizes["batch_size"],
+        "processes x batch per process": f"{sizes['world_size']} x {sizes['per_device_batch_size']}",
+        "pre-training": f"{pre['train_steps']} steps, RAdam lr {sizes['pretrain_learning_rate']}, constant"
+        if "train_steps" in pre
+        else f"loaded from {pre['checkpoint']} (not trained here)",
+        "adaptation": f"{sizes['adapt_length']} per setting, RAdam lr {_adaptation_rates(sizes)}, constant",
+        "seed (model, CLS tokens, data order)": results["seed"],
+    }
