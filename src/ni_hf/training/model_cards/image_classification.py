@@ -216,13 +216,7 @@ def write_digits_model_card(
     """Write ``<output_dir>/README.md`` for an image-classification run (``script``: examples/run_digits.py, whose
     card adds the paper's recipe and the datasets' terms, or examples/run_image_classification.py); return its path.
     """
-    import transformers
-
-    from ... import __version__
-
-    config = model.config
-    vit = config.model_type == "ni_multitask_vit"
-    runtime = train_metrics.get("train_runtime")
+    vit = model.config.model_type == "ni_multitask_vit"
     card = build_digits_model_card(
         template_path=template_path,
         model_name=repo_id.split("/")[-1],
@@ -235,39 +229,66 @@ def write_digits_model_card(
             if dataset_kind == "digit " or tag != "digits"
         ],
         repo_id=repo_id,
-        config=config,
-        architecture="vit" if vit else "neural_interpreter",
-        model_class=type(model).__name__,
         eval_samples_total=int(eval_metrics.get("eval_num_samples", 0)),
-        eval_subset_note=(
-            f"Evaluated on at most {max_eval_samples} test samples per dataset (a seeded random subset), not the "
-            "full test sets: the accuracies are estimates."
-            if max_eval_samples is not None
-            else ""
-        ),
+        eval_subset_note=_eval_subset_note(max_eval_samples),
         randaugment=randaugment,
         preset=preset,
         training_command=command,
         launcher_note=launcher_note,
-        hyperparameters=training_hyperparameters(training_args, optimizer, train_metrics),
-        config_summary={key: getattr(config, key) for key in (VIT_SUMMARY_KEYS if vit else NI_SUMMARY_KEYS)},
-        num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
-        num_trainable_parameters=f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}",
-        hardware=describe_hardware(
-            str(training_args.device), training_args.world_size, mixed_precision(training_args)
-        ),
-        train_runtime=f"{runtime:.0f} s" if runtime is not None else "not trained in this run",
-        transformers_version=transformers.__version__,
-        ni_hf_version=__version__,
         extra_limitations=list(extra_limitations),
         script=script,
         dataset_kind=dataset_kind,
         recipe_limitations=list(recipe_limitations),
         eval_split_name=eval_split_name,
+        **_model_fields(model, vit),
+        **_training_fields(training_args, optimizer, train_metrics),
     )
     path = Path(output_dir) / "README.md"
     card.save(path)
     return path
+
+
+def _eval_subset_note(max_eval_samples: int | None) -> str:
+    """The card's warning that the accuracies are estimates, when the run evaluated a subset of each test set."""
+    if max_eval_samples is None:
+        return ""
+    return (
+        f"Evaluated on at most {max_eval_samples} test samples per dataset (a seeded random subset), not the "
+        "full test sets: the accuracies are estimates."
+    )
+
+
+def _model_fields(model: Any, vit: bool) -> dict[str, Any]:
+    """The template's fields that describe the model: its config, architecture, class and parameter counts."""
+    config = model.config
+    return {
+        "config": config,
+        "architecture": "vit" if vit else "neural_interpreter",
+        "model_class": type(model).__name__,
+        "config_summary": {
+            key: getattr(config, key) for key in (VIT_SUMMARY_KEYS if vit else NI_SUMMARY_KEYS)
+        },
+        "num_parameters": f"{sum(p.numel() for p in model.parameters()):,}",
+        "num_trainable_parameters": f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,}",
+    }
+
+
+def _training_fields(training_args: Any, optimizer: str, train_metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The template's fields that describe the training: hyperparameters, hardware, run time and versions."""
+    import transformers
+
+    from ... import __version__
+
+    runtime = train_metrics.get("train_runtime")
+    return {
+        "hyperparameters": training_hyperparameters(training_args, optimizer, train_metrics),
+        "hardware": describe_hardware(
+            str(training_args.device), training_args.world_size, mixed_precision(training_args)
+        ),
+        "train_runtime": f"{runtime:.0f} s" if runtime is not None else "not trained in this run",
+        "transformers_version": transformers.__version__,
+        "ni_hf_version": __version__,
+    }
 
 
 def _task_row(task: TaskCardInfo) -> Mapping[str, Any]:
