@@ -331,7 +331,23 @@ def tables_markdown(summary: dict[str, Any]) -> str:
     """The accuracy tables per split beside the paper's Table 2, relation types, and the anytime table."""
     groups = _by_key(summary)
     regimes = regime_order([group["regime"] for group in summary["groups"]])
-    lines = ["# PGM results (section 4.3)", ""]
+    lines = ["# PGM results (section 4.3)", "", *_runs_lines(summary)]
+    if summary["warnings"]:
+        lines += ["", "**Warnings**", "", *(f"- {warning}" for warning in summary["warnings"])]
+    for split, title in SPLITS.items():
+        lines += _accuracy_table(groups, regimes, split, title)
+    lines += _other_context_table(groups, regimes)
+    for split, title in SPLITS.items():
+        lines += _relation_table(summary, split, title)
+    anytime = [group for group in summary["groups"] if group["anytime"]]
+    if anytime:
+        lines += _anytime_table(anytime) + _anytime_claim_table(anytime)
+    return "\n".join(lines) + "\n"
+
+
+def _runs_lines(summary: dict[str, Any]) -> list[str]:
+    """One item per group (its setting, parameters and puzzles) with one sub-item per run."""
+    lines = []
     for group in summary["groups"]:
         sizes = group["sizes"] or {}
         triples = f", at most {group['max_triples']} triple(s) a puzzle" if group["max_triples"] else ""
@@ -351,30 +367,36 @@ def tables_markdown(summary: dict[str, Any]) -> str:
                 f"{run['mixed_precision'] or 'no'}; val {_pct(run['val_accuracy'], 2)}, "
                 f"test {_pct(run['test_accuracy'], 2)}"
             )
-    if summary["warnings"]:
-        lines += ["", "**Warnings**", "", *(f"- {warning}" for warning in summary["warnings"])]
+    return lines
 
-    for split, title in SPLITS.items():
-        lines += [
-            "",
-            f"## Accuracy, {title}",
-            "",
-            "Accuracy (%), mean ± std over runs (number of runs); the paper's Table 2 beside it.",
-            "",
-            "| regime | " + " | ".join(ARCHITECTURES.values()) + " | chance | NI (paper) | ViT (paper) |",
-            "|---" * (len(ARCHITECTURES) + 4) + "|",
+
+def _accuracy_table(
+    groups: dict[tuple[str, str], dict[str, Any]], regimes: Sequence[str], split: str, title: str
+) -> list[str]:
+    """The accuracy of every model per regime on ``split``, beside chance and the paper's Table 2."""
+    lines = [
+        "",
+        f"## Accuracy, {title}",
+        "",
+        "Accuracy (%), mean ± std over runs (number of runs); the paper's Table 2 beside it.",
+        "",
+        "| regime | " + " | ".join(ARCHITECTURES.values()) + " | chance | NI (paper) | ViT (paper) |",
+        "|---" * (len(ARCHITECTURES) + 4) + "|",
+    ]
+    column = 0 if split == "val" else 1
+    for regime in regimes:
+        ours = [_fmt((groups.get((a, regime)) or {}).get(split, {}).get("accuracy")) for a in ARCHITECTURES]
+        paper = [
+            f"{PAPER_TABLE_2[a][regime][column]:.1f}" if regime in PAPER_TABLE_2[a] else "–"
+            for a in PAPER_TABLE_2
         ]
-        column = 0 if split == "val" else 1
-        for regime in regimes:
-            ours = [
-                _fmt((groups.get((a, regime)) or {}).get(split, {}).get("accuracy")) for a in ARCHITECTURES
-            ]
-            paper = [
-                f"{PAPER_TABLE_2[a][regime][column]:.1f}" if regime in PAPER_TABLE_2[a] else "–"
-                for a in PAPER_TABLE_2
-            ]
-            lines.append(f"| {_regime_label(regime)} | " + " | ".join([*ours, _pct(CHANCE)] + paper) + " |")
-    lines += [
+        lines.append(f"| {_regime_label(regime)} | " + " | ".join([*ours, _pct(CHANCE)] + paper) + " |")
+    return lines
+
+
+def _other_context_table(groups: dict[tuple[str, str], dict[str, Any]], regimes: Sequence[str]) -> list[str]:
+    """Test accuracy of every model per regime with another puzzle's context panels."""
+    lines = [
         "",
         "## Test accuracy with another puzzle's context",
         "",
@@ -387,78 +409,90 @@ def tables_markdown(summary: dict[str, Any]) -> str:
     for regime in regimes:
         cells = [_fmt((groups.get((a, regime)) or {}).get("other_context")) for a in ARCHITECTURES]
         lines.append(f"| {_regime_label(regime)} | " + " | ".join(cells) + " |")
+    return lines
 
-    for split, title in SPLITS.items():
-        names = list(dict.fromkeys(name for group in summary["groups"] for name in group[split]["relations"]))
-        if not names:
-            continue
-        lines += [
-            "",
-            f"## Accuracy by relation type, {title}",
-            "",
-            "Accuracy (%) on the puzzles holding each relation type, mean ± std over runs (number of runs), "
-            "[puzzles, summed over the runs].",
-            "",
-            "| model | regime | " + " | ".join(name.replace("_", " ") for name in names) + " |",
-            "|---|---" + "|---" * len(names) + "|",
-        ]
-        for group in summary["groups"]:
-            relations = group[split]["relations"]
-            cells = [
-                f"{_fmt(relations[name])} [{relations[name]['num_samples']:,}]" if name in relations else "–"
-                for name in names
-            ]
-            lines.append(
-                f"| {ARCHITECTURES[group['architecture']]} | {group['regime']} | " + " | ".join(cells) + " |"
-            )
 
-    anytime = [group for group in summary["groups"] if group["anytime"]]
-    if anytime:
-        lines += [
-            "",
-            "## Anytime inference (the paper's Figure 6)",
-            "",
-            "Neural Interpreter accuracy (%) with k function iterations per script, the trained number at "
-            "the end; mean ± std over runs (number of runs).",
-            "",
-            "| regime | k | val | test |",
-            "|---|---|---|---|",
+def _relation_table(summary: dict[str, Any], split: str, title: str) -> list[str]:
+    """Accuracy per relation type of every group on ``split``; none when no group reports relation types."""
+    names = list(dict.fromkeys(name for group in summary["groups"] for name in group[split]["relations"]))
+    if not names:
+        return []
+    lines = [
+        "",
+        f"## Accuracy by relation type, {title}",
+        "",
+        "Accuracy (%) on the puzzles holding each relation type, mean ± std over runs (number of runs), "
+        "[puzzles, summed over the runs].",
+        "",
+        "| model | regime | " + " | ".join(name.replace("_", " ") for name in names) + " |",
+        "|---|---" + "|---" * len(names) + "|",
+    ]
+    for group in summary["groups"]:
+        relations = group[split]["relations"]
+        cells = [
+            f"{_fmt(relations[name])} [{relations[name]['num_samples']:,}]" if name in relations else "–"
+            for name in names
         ]
-        for group in anytime:
-            curve = group["anytime"]
-            for i, k in enumerate(curve["function_iterations"]):
-                val, test = _fmt(curve["val"][i]), _fmt(curve["test"][i])
-                lines.append(f"| {group['regime']} | {k} | {val} | {test} |")
-        lines += [
-            "",
-            "Accuracy kept with half the trained function iterations (section 4.3 claims at least "
-            f"{ANYTIME_CLAIM:.0%} on every regime's test set): the mean accuracy at k = half over that at "
-            f"the trained k, and the same above chance ({CHANCE:.1%}), "
-            "(acc(half) - chance) / (acc(trained) - chance).",
-            "",
-            "| regime | trained k | half | val kept | test kept | val kept above chance "
-            f"| test kept above chance | val >= {ANYTIME_CLAIM:.0%} | test >= {ANYTIME_CLAIM:.0%} |",
-            "|---|---|---|---|---|---|---|---|---|",
+        lines.append(
+            f"| {ARCHITECTURES[group['architecture']]} | {group['regime']} | " + " | ".join(cells) + " |"
+        )
+    return lines
+
+
+def _anytime_table(anytime: Sequence[dict[str, Any]]) -> list[str]:
+    """Neural Interpreter accuracy per number of function iterations (the paper's Figure 6) of each regime."""
+    lines = [
+        "",
+        "## Anytime inference (the paper's Figure 6)",
+        "",
+        "Neural Interpreter accuracy (%) with k function iterations per script, the trained number at "
+        "the end; mean ± std over runs (number of runs).",
+        "",
+        "| regime | k | val | test |",
+        "|---|---|---|---|",
+    ]
+    for group in anytime:
+        curve = group["anytime"]
+        for i, k in enumerate(curve["function_iterations"]):
+            val, test = _fmt(curve["val"][i]), _fmt(curve["test"][i])
+            lines.append(f"| {group['regime']} | {k} | {val} | {test} |")
+    return lines
+
+
+def _anytime_claim_table(anytime: Sequence[dict[str, Any]]) -> list[str]:
+    """The accuracy kept with half the trained function iterations, against section 4.3's claim."""
+    lines = [
+        "",
+        "Accuracy kept with half the trained function iterations (section 4.3 claims at least "
+        f"{ANYTIME_CLAIM:.0%} on every regime's test set): the mean accuracy at k = half over that at "
+        f"the trained k, and the same above chance ({CHANCE:.1%}), "
+        "(acc(half) - chance) / (acc(trained) - chance).",
+        "",
+        "| regime | trained k | half | val kept | test kept | val kept above chance "
+        f"| test kept above chance | val >= {ANYTIME_CLAIM:.0%} | test >= {ANYTIME_CLAIM:.0%} |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for group in anytime:
+        curve = group["anytime"]
+        verdicts = [
+            "–"
+            if curve[f"{split}_claim_holds"] is None
+            else ("yes" if curve[f"{split}_claim_holds"] else "no")
+            for split in SPLITS
         ]
-        for group in anytime:
-            curve = group["anytime"]
-            verdicts = [
-                "–"
-                if curve[f"{split}_claim_holds"] is None
-                else ("yes" if curve[f"{split}_claim_holds"] else "no")
-                for split in SPLITS
-            ]
-            lines.append(
-                f"| {group['regime']} | {curve['trained']} | {curve['half'] or '–'} | "
-                f"{_pct(curve['val_kept'])} | {_pct(curve['test_kept'])} | "
-                f"{_pct(curve['val_kept_above_chance'])} | {_pct(curve['test_kept_above_chance'])} | "
-                + " | ".join(verdicts)
-                + " |"
-            )
-    return "\n".join(lines) + "\n"
+        lines.append(
+            f"| {group['regime']} | {curve['trained']} | {curve['half'] or '–'} | "
+            f"{_pct(curve['val_kept'])} | {_pct(curve['test_kept'])} | "
+            f"{_pct(curve['val_kept_above_chance'])} | {_pct(curve['test_kept_above_chance'])} | "
+            + " | ".join(verdicts)
+            + " |"
+        )
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------- plots
+
+COLORS = {"neural_interpreter": "tab:blue", "vit": "tab:orange", "candidates_only": "tab:gray"}
 
 
 def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
@@ -468,9 +502,6 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = _by_key(summary)
-    regimes = regime_order([group["regime"] for group in summary["groups"]])
-    colors = {"neural_interpreter": "tab:blue", "vit": "tab:orange", "candidates_only": "tab:gray"}
     written = []
 
     def save(fig: Any, name: str) -> None:
@@ -480,22 +511,23 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
+    save(_accuracy_figure(plt, summary), ACCURACY_PNG)
+    anytime = [group for group in summary["groups"] if group["anytime"]]
+    if anytime:
+        save(_anytime_figure(plt, anytime), ANYTIME_PNG)
+    return written
+
+
+def _accuracy_figure(plt: Any, summary: dict[str, Any]) -> Any:
+    """Bars of val and test accuracy per regime and model, the paper's Table 2 as marks, chance as a line."""
+    groups = _by_key(summary)
+    regimes = regime_order([group["regime"] for group in summary["groups"]])
     bars = [(a, split) for a in ARCHITECTURES for split in SPLITS]
     width = 0.8 / len(bars)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(regimes) + 2), 4.0))
     paper_labelled = False
     for j, (architecture, split) in enumerate(bars):
-        xs, means, errors, paper = [], [], [], []
-        for i, regime in enumerate(regimes):
-            group = groups.get((architecture, regime))
-            if group is None:
-                continue
-            entry = group[split]["accuracy"]
-            xs.append(i - 0.4 + (j + 0.5) * width)
-            means.append(100 * entry["mean"])
-            errors.append(100 * (entry["std"] or 0.0))
-            if group["paper"] is not None:
-                paper.append((xs[-1], 100 * group["paper"][split]))
+        xs, means, errors, paper = _accuracy_bars(groups, regimes, architecture, split, j, width)
         if not xs:
             continue
         ax.bar(
@@ -504,7 +536,7 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
             width,
             yerr=errors,
             capsize=3,
-            color=colors[architecture],
+            color=COLORS[architecture],
             alpha=1.0 if split == "val" else 0.55,
             hatch="" if split == "val" else "//",
             edgecolor="white",
@@ -528,35 +560,58 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
     ax.set_title("PGM accuracy, val (in distribution) and test (out of distribution)", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, ncol=3)
-    save(fig, ACCURACY_PNG)
+    return fig
 
-    anytime = [group for group in summary["groups"] if group["anytime"]]
-    if anytime:
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, group in enumerate(anytime):
-            curve, color = group["anytime"], cycle[i % len(cycle)]
-            for split, style in (("test", "-"), ("val", "--")):
-                ax.errorbar(
-                    curve["function_iterations"],
-                    [100 * e["mean"] for e in curve[split]],
-                    yerr=[100 * (e["std"] or 0.0) for e in curve[split]],
-                    color=color,
-                    linestyle=style,
-                    marker="o",
-                    markersize=4,
-                    capsize=3,
-                    label=f"{group['regime']}, {split}",
-                )
-        ax.axhline(100 * CHANCE, color="grey", linestyle=":", linewidth=1, label="chance")
-        ax.set_xticks(sorted({k for g in anytime for k in g["anytime"]["function_iterations"]}))
-        ax.set_xlabel("function iterations per script")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_title("Anytime inference of the Neural Interpreter (paper: Fig. 6)", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        save(fig, ANYTIME_PNG)
-    return written
+
+def _accuracy_bars(
+    groups: dict[tuple[str, str], dict[str, Any]],
+    regimes: Sequence[str],
+    architecture: str,
+    split: str,
+    bar: int,
+    width: float,
+) -> tuple[list[float], list[float], list[float], list[tuple[float, float]]]:
+    """Positions, means and standard deviations (%) of one model's bars on ``split``, and the paper's marks."""
+    xs, means, errors, paper = [], [], [], []
+    for i, regime in enumerate(regimes):
+        group = groups.get((architecture, regime))
+        if group is None:
+            continue
+        entry = group[split]["accuracy"]
+        xs.append(i - 0.4 + (bar + 0.5) * width)
+        means.append(100 * entry["mean"])
+        errors.append(100 * (entry["std"] or 0.0))
+        if group["paper"] is not None:
+            paper.append((xs[-1], 100 * group["paper"][split]))
+    return xs, means, errors, paper
+
+
+def _anytime_figure(plt: Any, anytime: Sequence[dict[str, Any]]) -> Any:
+    """Accuracy against function iterations per script, one line per regime and split (the paper's Fig. 6)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, group in enumerate(anytime):
+        curve, color = group["anytime"], cycle[i % len(cycle)]
+        for split, style in (("test", "-"), ("val", "--")):
+            ax.errorbar(
+                curve["function_iterations"],
+                [100 * e["mean"] for e in curve[split]],
+                yerr=[100 * (e["std"] or 0.0) for e in curve[split]],
+                color=color,
+                linestyle=style,
+                marker="o",
+                markersize=4,
+                capsize=3,
+                label=f"{group['regime']}, {split}",
+            )
+    ax.axhline(100 * CHANCE, color="grey", linestyle=":", linewidth=1, label="chance")
+    ax.set_xticks(sorted({k for g in anytime for k in g["anytime"]["function_iterations"]}))
+    ax.set_xlabel("function iterations per script")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("Anytime inference of the Neural Interpreter (paper: Fig. 6)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------------- main
