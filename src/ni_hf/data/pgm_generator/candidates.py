@@ -1,9 +1,9 @@
 """The 8 candidates of a puzzle: the answer and 7 incorrect panels that say nothing without the context.
 
 The candidates cross 2, 4 or 8 values of the puzzle's attributes (I-RAVEN's attribute bisection tree, Hu et al.
-2021), each value other than the answer's drawn from the distribution the answer's own value has given the last
-context panel, and every candidate's objects are drawn on their own: no candidate is built from another's.
-``docs/pgm/generator.md`` (Candidates) says why and what remains.
+2021); the values of one attribute other than the answer's are drawn as the answer's own is, given the last
+context panel where that allows enough of them, else over all puzzles; every candidate's objects are drawn on
+their own: no candidate is built from another's. ``docs/pgm/generator.md`` (Candidates) says why and what remains.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Sequence
+from functools import cache
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from .rules import (
     Value,
     _satisfies,
 )
-from .sampling import _Frame, _realize, _set_splits, progression_steps
+from .sampling import _Frame, _realize, _sample_sets, _set_splits, progression_steps
 
 # Every two candidates differ by at least MIN_VISIBLE_DIFFERENCE grey levels in some pixel when drawn at
 # LEGIBLE_PANEL_SIZE pixels (more at larger sizes: a thin line's one grey step fades below it at 24 pixels and less).
@@ -45,16 +46,21 @@ def _make_candidates(
     rng: random.Random,
 ) -> list[Panel] | None:
     """The answer then 7 distinct, legible incorrect candidates (None when no design could be realised)."""
-    pools = {key: _alternatives(frame, key, answer_spec[key], context[7], rng) for key in frame.relation}
-    designs = _designs([len(pool) for pool in pools.values()])
-    if not designs:
-        return None
     for _ in range(_DESIGN_TRIES):
-        factors = [
-            (key, [answer_spec[key], *pools[key][: 2**exponent - 1]])
-            for key, exponent in zip(pools, rng.choice(designs), strict=True)
-            if exponent
-        ]
+        pools = {key: _alternatives(frame, key, answer_spec[key], context[7], rng) for key in frame.relation}
+        # Designs whose values all come from the answer's distribution given the last panel first.
+        designs = _designs([len(given) for given, _ in pools.values()]) or _designs(
+            [max(len(given), len(anywhere)) for given, anywhere in pools.values()]
+        )
+        if not designs:
+            return None
+        factors = []
+        for key, exponent in zip(pools, rng.choice(designs), strict=True):
+            if exponent:
+                given, anywhere = pools[key]
+                # All of a factor's values from one distribution: a mix would set the answer's kind apart.
+                pool = given if len(given) >= 2**exponent - 1 else anywhere
+                factors.append((key, [answer_spec[key], *pool[: 2**exponent - 1]]))
         panels = [answer]
         for combination in itertools.islice(itertools.product(*(values for _, values in factors)), 1, None):
             spec = dict(answer_spec)
@@ -65,8 +71,6 @@ def _make_candidates(
             panels.append(panel)
         if len(panels) == 8 and _legible(panels):
             return panels
-        # Another try takes other values where the pools have more.
-        pools = {key: _rotate(pool, rng) for key, pool in pools.items()}
     return None
 
 
@@ -83,58 +87,65 @@ def _designs(capacities: Sequence[int]) -> list[tuple[int, ...]]:
     return [e for e in itertools.product(*(range(n + 1) for n in limits)) if sum(e) == 3]
 
 
-def _rotate(pool: list[Value], rng: random.Random) -> list[Value]:
-    """The pool with one of its first 7 values moved to the end (the next design try draws others)."""
-    if len(pool) <= 1:
-        return pool
-    i = rng.randrange(min(7, len(pool)))
-    return [*pool[:i], *pool[i + 1 :], pool[i]]
-
-
 def _alternatives(
     frame: _Frame, key: ObjectAttribute, answer: Value, last: Panel, rng: random.Random
-) -> list[Value]:
-    """Other values than the answer's for ``key``, best first.
+) -> tuple[list[Value], list[Value]]:
+    """Values other than the answer's for ``key``: drawn as the answer's is given the last panel, and at all.
 
-    First values drawn as the answer's own is, given the last context panel ``v8`` (progression: ``v8 + d`` for
-    every step ``d`` that fits; consistent union: any value; set relations: ``v7' op v8`` for fresh seventh
-    panels ``v7'``), in random order; then values at the distances from ``v8`` those have (``v8 - d``, then the
-    other values by distance; sets: ``v8`` with as many random elements toggled); last, for a one-valued
-    relation, ``v8`` itself, then two values at once (a panel whose objects show two).
+    Given the last context panel ``v8`` (the answer's own distribution there): progression ``v8 + d`` for every
+    step ``d`` that fits, consistent union any value but ``v8``'s, set relations ``v7' op v8`` for fresh seventh
+    panels ``v7'``. At all (the answer's distribution over puzzles): a progression's last values weighted by how
+    often a row ends on them (then the values none ends on), any value for consistent union, a fresh row's third
+    set for set relations; then, for a one-valued relation, two values at once (a panel whose objects show two).
+    Each list in the order to take from it.
     """
     relation, domain = frame.relation[key], frame.domains[key]
     last_value = last.attributes[key]
-    excluded = {answer, last_value}
     if relation in SET_RELATIONS:
         union_max = min(_SET_UNION_MAX[key], len(domain))
-        third_set = _third_set_sampler(relation, domain, union_max, last_value, rng)
-        conditional = _distinct_draws(third_set, excluded)
-        distances = [len(v ^ last_value) for v in (answer, *conditional)]
-        mirrored = _distinct_draws(
-            lambda: _set_at_distance(domain, union_max, last_value, rng.choice(distances), rng),
-            excluded | set(conditional),
+        given = _distinct_draws(
+            _third_set_sampler(relation, domain, union_max, last_value, rng), {answer, last_value}
         )
-        return conditional + mirrored
+        anywhere = _distinct_draws(lambda: _sample_sets(relation, domain, union_max, rng)[8], {answer})
+        return given, anywhere
     position = domain.index(last_value if isinstance(last_value, int) else min(last_value))
     if relation == "progression":
-        reach = [
-            position + d
-            for d in progression_steps(len(domain))
-            if 0 <= position - d and position + d < len(domain)
-        ]
+        steps = progression_steps(len(domain))
+        reach = [position + d for d in steps if 0 <= position - d and position + d < len(domain)]
+        ends = _progression_ends(len(domain))
+        anywhere_indices = _weighted_order(
+            [i for i in range(len(domain)) if ends[i]], [e for e in ends if e], rng
+        )
     else:
-        reach = list(range(len(domain)))
-    first = rng.sample(reach, len(reach))
-    rest = sorted(
-        (i for i in range(len(domain)) if i not in reach), key=lambda i: (abs(i - position), rng.random())
-    )
-    values = [v for v in (_as_value(key, domain[i]) for i in first + rest) if v not in excluded]
-    # Where the values run out, the last panel's own: a candidate set missing exactly it would point at it.
-    values.append(last_value)
+        reach = [i for i in range(len(domain)) if i != position]
+        anywhere_indices = rng.sample(range(len(domain)), len(domain))
+    given = [v for v in (_as_value(key, domain[i]) for i in rng.sample(reach, len(reach))) if v != answer]
+    rest = [i for i in rng.sample(range(len(domain)), len(domain)) if i not in anywhere_indices]
+    anywhere = [v for v in (_as_value(key, domain[i]) for i in anywhere_indices + rest) if v != answer]
     if key != _NUMBER:
         pairs = [frozenset(pair) for pair in itertools.combinations(domain, 2)]
-        values += rng.sample(pairs, len(pairs))
-    return values
+        anywhere += rng.sample(pairs, len(pairs))
+    return given, anywhere
+
+
+@cache
+def _progression_ends(count: int) -> tuple[int, ...]:
+    """How many (start, step) rows of a progression over ``count`` values end on each value."""
+    ends = [0] * count
+    for step in progression_steps(count):
+        for start in range(count - 2 * step):
+            ends[start + 2 * step] += 1
+    return tuple(ends)
+
+
+def _weighted_order(items: list[int], weights: list[int], rng: random.Random) -> list[int]:
+    """``items`` in the order of a weighted draw without replacement."""
+    items, weights, order = list(items), list(weights), []
+    while items:
+        i = rng.choices(range(len(items)), weights)[0]
+        order.append(items.pop(i))
+        weights.pop(i)
+    return order
 
 
 def _as_value(key: ObjectAttribute, value: int) -> Value:
@@ -174,11 +185,3 @@ def _third_set_sampler(
         return operation(frozenset(rng.sample(inside, c) + rng.sample(outside, a)), last)
 
     return draw
-
-
-def _set_at_distance(
-    domain: tuple[int, ...], union_max: int, last: frozenset[int], distance: int, rng: random.Random
-) -> frozenset[int] | None:
-    """``last`` with ``distance`` random elements of ``domain`` toggled (None when empty or too large)."""
-    value = last ^ frozenset(rng.sample(domain, min(distance, len(domain))))
-    return value if value and len(value) <= union_max else None
