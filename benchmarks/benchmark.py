@@ -103,6 +103,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line, kept as one flat list of options (one call each, in --help's order) that a split would
+    only scatter."""
     p = argparse.ArgumentParser(
         description="Parameters, FLOPs, images/s, GFLOP/s and peak memory of Neural Interpreters, the ViT "
         "baseline and the authors' implementation.",

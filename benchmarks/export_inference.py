@@ -121,14 +121,11 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Export the preset, check both runners give the same logits, time them in turns, report; return the results."""
     args = build_parser().parse_args(argv)
     if args.batch_size < 1 or args.repeats < 1 or args.warmup < 0:
         raise SystemExit("--batch-size and --repeats must be at least 1, --warmup at least 0.")
-    try:
-        import onnxruntime as ort
-        import onnxscript  # noqa: F401  (torch.onnx.export(dynamo=True) needs it)
-    except ImportError as err:
-        raise SystemExit(f'{err}: install the ONNX extra, pip install -e ".[onnx]".') from err
+    ort = _import_onnxruntime()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -138,18 +135,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config = NeuralInterpreterConfig.from_paper(args.preset, **parse_overrides(args.overrides))
     model = NeuralInterpreterForImageClassification(config).eval()
     pixels = torch.randn(args.batch_size, config.num_patches, config.patch_dim)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        print(f"Exporting the {args.preset} preset to ONNX ...", file=sys.stderr)
-        export_seconds = export_onnx(model, pixels, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        # ONNX Runtime's threads spin after each run by default, which would slow the PyTorch run that follows.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        onnx_megabytes = sum(f.stat().st_size for f in Path(tmp).iterdir()) / 1e6  # + external data
-
+    print(f"Exporting the {args.preset} preset to ONNX ...", file=sys.stderr)
+    session, export_seconds, onnx_megabytes = onnx_session(ort, model, pixels, threads)
     feed = {"pixel_values": pixels.numpy()}
 
     def run_eager() -> torch.Tensor:
@@ -178,14 +165,46 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "max_abs_logit_difference": difference,
         "runners": runners,
     }
+    write_results(results, args.output_json, args.append_results)
+    return results
+
+
+def _import_onnxruntime() -> Any:
+    """``onnxruntime``, after checking that the exporter's ``onnxscript`` is there too; else exit naming the extra."""
+    try:
+        import onnxruntime as ort
+        import onnxscript  # noqa: F401  (torch.onnx.export(dynamo=True) needs it)
+    except ImportError as err:
+        raise SystemExit(f'{err}: install the ONNX extra, pip install -e ".[onnx]".') from err
+    return ort
+
+
+def onnx_session(
+    ort: Any, model: torch.nn.Module, pixels: torch.Tensor, threads: int
+) -> tuple[Any, float, float]:
+    """Export ``model`` to a temporary folder and load it into an ONNX Runtime session of ``threads`` intra-op
+    threads; returns the session, the export's seconds and the ONNX files' megabytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        export_seconds = export_onnx(model, pixels, path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        # ONNX Runtime's threads spin after each run by default, which would slow the PyTorch run that follows.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        onnx_megabytes = sum(f.stat().st_size for f in Path(tmp).iterdir()) / 1e6  # + external data
+    return session, export_seconds, onnx_megabytes
+
+
+def write_results(results: dict[str, Any], output_json: str | None, append_results: str | None) -> None:
+    """Print the Markdown table; write the results as JSON and append the table to a file where asked."""
     table = markdown(results)
     print(table)
-    if args.output_json:
-        Path(args.output_json).write_text(json.dumps(results, indent=2) + "\n")
-    if args.append_results:
-        with open(args.append_results, "a") as f:
+    if output_json:
+        Path(output_json).write_text(json.dumps(results, indent=2) + "\n")
+    if append_results:
+        with open(append_results, "a") as f:
             f.write("\n" + table)
-    return results
 
 
 if __name__ == "__main__":
