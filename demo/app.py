@@ -158,20 +158,22 @@ class InterpreterDemo:
         return scores, vis.figure_to_image(vis.plot_computational_path(trace, 0), dpi=80), summary
 
 
+INTRODUCTION = (
+    "# Neural Interpreter: which function reads which patch\n"
+    "A Neural Interpreter (Rahaman et al., NeurIPS 2021) routes every patch of the image, and the task's "
+    "CLS token, to its functions at every function iteration: the compatibility C (Eq. 4) of a token's type "
+    "with each function's signature. Upload or draw a digit (light on dark or dark on light), then change "
+    "the number of function iterations or switch functions off and watch the prediction change.\n\n"
+)
+
+
 def build_app(demo: InterpreterDemo, note: str) -> Any:
     """The Gradio Blocks: input image (upload or draw), task, iterations slider, a checkbox per function."""
     import gradio as gr
 
     functions = [f"function {u}" for u in range(demo.num_functions)]
     with gr.Blocks(title="Neural Interpreter: routing", analytics_enabled=False) as app:
-        gr.Markdown(
-            "# Neural Interpreter: which function reads which patch\n"
-            "A Neural Interpreter (Rahaman et al., NeurIPS 2021) routes every patch of the image, and the task's "
-            "CLS token, to its functions at every function iteration: the compatibility C (Eq. 4) of a token's type "
-            "with each function's signature. Upload or draw a digit (light on dark or dark on light), then change "
-            "the number of function iterations or switch functions off and watch the prediction change.\n\n"
-            + note
-        )
+        gr.Markdown(INTRODUCTION + note)
         with gr.Row():
             with gr.Column(scale=1):
                 with gr.Tab("Upload"):
@@ -206,24 +208,33 @@ def build_app(demo: InterpreterDemo, note: str) -> Any:
                 picture = gr.Image(type="pil", label="Computational path", elem_id="path", interactive=False)
 
         current = gr.State(None)  # the image last uploaded or drawn: the controls re-run on it
-
-        def run(image, task_name, n, off):
-            if image is None:
-                return image, None, None, "Upload or draw a digit."
-            return (image, *demo.run(image, task_name, n, off))
-
-        def drawn(drawing, task_name, n, off):
-            composite = drawing.get("composite") if isinstance(drawing, dict) else None
-            ink = composite is not None and np.asarray(composite.convert("RGBA").getchannel("A")).any()
-            return run(composite if ink else None, task_name, n, off)
-
-        controls = [task, iterations, switched_off]
-        outputs = [current, scores, picture, summary]
-        upload.change(run, [upload, *controls], outputs)
-        sketch.change(drawn, [sketch, *controls], outputs)
-        for component in controls:
-            component.change(run, [current, *controls], outputs)
+        connect_events(
+            demo, upload, sketch, [task, iterations, switched_off], current, [scores, picture, summary]
+        )
     return app
+
+
+def connect_events(
+    demo: InterpreterDemo, upload: Any, sketch: Any, controls: list[Any], current: Any, shown: list[Any]
+) -> None:
+    """Run the model on an upload, on a drawing with ink in it, and again on ``current`` (the last image) when one
+    of ``controls`` changes; the results go to ``current`` and ``shown`` (the scores, the picture, the summary)."""
+    outputs = [current, *shown]
+
+    def run(image, task_name, n, off):
+        if image is None:
+            return image, None, None, "Upload or draw a digit."
+        return (image, *demo.run(image, task_name, n, off))
+
+    def drawn(drawing, task_name, n, off):
+        composite = drawing.get("composite") if isinstance(drawing, dict) else None
+        ink = composite is not None and np.asarray(composite.convert("RGBA").getchannel("A")).any()
+        return run(composite if ink else None, task_name, n, off)
+
+    upload.change(run, [upload, *controls], outputs)
+    sketch.change(drawn, [sketch, *controls], outputs)
+    for component in controls:
+        component.change(run, [current, *controls], outputs)
 
 
 def main(argv: list[str] | None = None) -> None:
