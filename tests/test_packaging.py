@@ -78,7 +78,7 @@ assert "# wheel-test" in str(card) and "1437" in str(card), str(card)[:2000]
 vit = MultiTaskViTForImageClassification(MultiTaskViTConfig(hidden_size=8, num_hidden_layers=1,
     num_attention_heads=2, intermediate_size=8, image_size=8, patch_size=4))
 vit.save_pretrained("vit")
-import os; assert os.path.isfile("vit/input_checks.py") and not os.path.islink("vit/input_checks.py")
+import os; assert all(os.path.isfile(f"vit/{name}.py") and not os.path.islink(f"vit/{name}.py") for name in ("configuration_checks", "modeling_checks", "panel_embedding", "task_heads"))
 load_multitask_accuracy()
 print("WHEEL_OK")
 """
