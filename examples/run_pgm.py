@@ -222,24 +222,7 @@ def check_arguments(
     given: frozenset[str] = frozenset(),
 ) -> None:
     """Refuse, naming the flag, what would fail or be ignored later, before any data or model is built."""
-    for option, value in (
-        ("--num_train_puzzles", data_args.num_train_puzzles),
-        ("--num_eval_puzzles", data_args.num_eval_puzzles),
-    ):
-        check_at_least(option, value, 1)
-    if not 1 <= data_args.max_triples <= 4:
-        raise ValueError(
-            f"--max_triples must lie in 1..4 (PGM puzzles hold one to four triples), got {data_args.max_triples}."
-        )
-    if data_args.dataset_source == "hub" and data_args.regime != "neutral":
-        raise ValueError(
-            f"--regime {data_args.regime} with --dataset_source hub: the Hub holds the neutral regime only; use "
-            "--dataset_source deepmind --data_dir <its archive> or --dataset_source generated."
-        )
-    if data_args.dataset_source == "deepmind" and not data_args.data_dir:
-        raise ValueError(
-            "--dataset_source deepmind needs --data_dir (a folder of .npz files or the regime's .tar.gz)."
-        )
+    check_data_arguments(data_args, given)
     if model_args.model_name_or_path is None and not args.do_train:
         raise ValueError("--do_train false evaluates a saved model: pass --model_name_or_path.")
     if model_args.attn_implementation and model_args.architecture != "neural_interpreter":
@@ -251,18 +234,41 @@ def check_arguments(
             "--dataloader_persistent_workers true: Trainer keeps its first evaluation DataLoader, so test and every "
             "step of the anytime curve would evaluate the val puzzles; leave it off."
         )
-    if data_args.regime not in PGM_REGIMES:
-        raise ValueError(f"--regime {data_args.regime}: expected one of {sorted(PGM_REGIMES)}.")
     config_class = ARCHITECTURES[model_args.architecture][0]
-    unread = [
-        key
-        for key in UNREAD_CONFIG_KEYS
-        if key in parse_config_overrides(model_args.config_overrides, config_class)
-    ]
+    overrides = parse_config_overrides(model_args.config_overrides, config_class)
+    unread = [key for key in UNREAD_CONFIG_KEYS if key in overrides]
     if unread:
         raise ValueError(
             f"--config_overrides {', '.join(unread)}: a PGM model reads panels through its panel CNN "
             "(panel_size, panel_cnn_*), not image patches."
+        )
+    if model_args.model_name_or_path is not None and "config_overrides" in given:
+        raise ValueError(
+            "--config_overrides: settings of a new model; a saved model's config is used as saved."
+        )
+
+
+def check_data_arguments(data_args: DataArguments, given: frozenset[str]) -> None:
+    """The puzzles' flags: counts, the source's regimes and folder, and no flag of another source."""
+    for option, value in (
+        ("--num_train_puzzles", data_args.num_train_puzzles),
+        ("--num_eval_puzzles", data_args.num_eval_puzzles),
+    ):
+        check_at_least(option, value, 1)
+    if not 1 <= data_args.max_triples <= 4:
+        raise ValueError(
+            f"--max_triples must lie in 1..4 (PGM puzzles hold one to four triples), got {data_args.max_triples}."
+        )
+    if data_args.regime not in PGM_REGIMES:
+        raise ValueError(f"--regime {data_args.regime}: expected one of {sorted(PGM_REGIMES)}.")
+    if data_args.dataset_source == "hub" and data_args.regime != "neutral":
+        raise ValueError(
+            f"--regime {data_args.regime} with --dataset_source hub: the Hub holds the neutral regime only; use "
+            "--dataset_source deepmind --data_dir <its archive> or --dataset_source generated."
+        )
+    if data_args.dataset_source == "deepmind" and not data_args.data_dir:
+        raise ValueError(
+            "--dataset_source deepmind needs --data_dir (a folder of .npz files or the regime's .tar.gz)."
         )
     if data_args.dataset_source == "generated":
         refuse_unused(
@@ -274,10 +280,6 @@ def check_arguments(
         source = f"--dataset_source {data_args.dataset_source}"
         refuse_unused(
             given, ["max_triples", "free_attributes", "generator_seed"], f"the generator's, not {source}'s"
-        )
-    if model_args.model_name_or_path is not None and "config_overrides" in given:
-        raise ValueError(
-            "--config_overrides: settings of a new model; a saved model's config is used as saved."
         )
 
 
