@@ -136,70 +136,89 @@ def _sample_specs(frame: _Frame, rng: random.Random) -> list[dict[ObjectAttribut
     """The values of the puzzle's attributes in the nine panels, and the held-constant ones (in ``frame``)."""
     specs: list[dict[ObjectAttribute, Value]] = [{} for _ in range(9)]
     frame.constants = {}
-
-    def put(key: ObjectAttribute, values: Sequence[Value]) -> None:
-        for spec, value in zip(specs, values, strict=True):
-            spec[key] = value
-
-    def sample_value_sets(key: ObjectAttribute) -> list[frozenset[int]] | None:
-        relation, domain = frame.relation[key], frame.domains[key]
-        if relation in SET_RELATIONS:
-            return _sample_sets(relation, domain, _SET_UNION_MAX[key], rng)
-        scalars = _sample_scalars(relation, domain, rng)
-        return None if scalars is None else [frozenset((v,)) for v in scalars]
-
-    if frame.has_shapes:
-        need = [1] * 9
-        for attribute in _SHAPE_VALUE_ATTRIBUTES:
-            key = ("shape", attribute)
-            if key not in frame.relation:
-                frame.constants[key] = rng.choice(frame.domains[key])
-                continue
-            sets = sample_value_sets(key)
-            if sets is None:
-                return None
-            put(key, sets)
-            need = [max(n, len(s)) for n, s in zip(need, sets, strict=True)]
-        if _POSITION in frame.relation:
-            positions = _sample_sets(
-                frame.relation[_POSITION], frame.domains[_POSITION], _SET_UNION_MAX[_POSITION], rng, need
-            )
-            if positions is None:
-                return None
-            put(_POSITION, positions)
-        elif _NUMBER in frame.relation:
-            numbers = _sample_scalars(frame.relation[_NUMBER], frame.domains[_NUMBER], rng, need)
-            if numbers is None:
-                return None
-            put(_NUMBER, numbers)
-        else:
-            low = max(need)
-            frame.constants[_POSITION] = frozenset(rng.sample(range(9), rng.randint(low, min(9, low + 3))))
-    if frame.has_lines:
-        need = [1] * 9
-        if _LINE_COLOR in frame.relation:
-            sets = sample_value_sets(_LINE_COLOR)
-            if sets is None:
-                return None
-            put(_LINE_COLOR, sets)
-            need = [len(s) for s in sets]
-        else:
-            frame.constants[_LINE_COLOR] = rng.choice(frame.domains[_LINE_COLOR])
-        relation = frame.relation.get(_LINE_TYPE)
-        if relation is None:
-            low = max(need)
-            count = rng.randint(low, min(len(LINE_TYPES), low + 2))
-            frame.constants[_LINE_TYPE] = frozenset(rng.sample(frame.domains[_LINE_TYPE], count))
-        else:
-            sets = (
-                sample_value_sets(_LINE_TYPE)
-                if relation == "consistent_union"
-                else _sample_sets(relation, frame.domains[_LINE_TYPE], _SET_UNION_MAX[_LINE_TYPE], rng, need)
-            )
-            if sets is None:
-                return None
-            put(_LINE_TYPE, sets)
+    if frame.has_shapes and not _sample_shape_values(frame, specs, rng):
+        return None
+    if frame.has_lines and not _sample_line_values(frame, specs, rng):
+        return None
     return specs
+
+
+def _put(specs: list[dict[ObjectAttribute, Value]], key: ObjectAttribute, values: Sequence[Value]) -> None:
+    """Set ``key`` to ``values[i]`` in panel ``i``'s spec."""
+    for spec, value in zip(specs, values, strict=True):
+        spec[key] = value
+
+
+def _sample_value_sets(
+    frame: _Frame, key: ObjectAttribute, rng: random.Random
+) -> list[frozenset[int]] | None:
+    """Nine value sets of ``key`` obeying its relation (one-element sets for progression and consistent union)."""
+    relation, domain = frame.relation[key], frame.domains[key]
+    if relation in SET_RELATIONS:
+        return _sample_sets(relation, domain, _SET_UNION_MAX[key], rng)
+    scalars = _sample_scalars(relation, domain, rng)
+    return None if scalars is None else [frozenset((v,)) for v in scalars]
+
+
+def _sample_shape_values(
+    frame: _Frame, specs: list[dict[ObjectAttribute, Value]], rng: random.Random
+) -> bool:
+    """The shapes' type, size and color, then their positions or number (False when none fit)."""
+    need = [1] * 9
+    for attribute in _SHAPE_VALUE_ATTRIBUTES:
+        key = ("shape", attribute)
+        if key not in frame.relation:
+            frame.constants[key] = rng.choice(frame.domains[key])
+            continue
+        sets = _sample_value_sets(frame, key, rng)
+        if sets is None:
+            return False
+        _put(specs, key, sets)
+        need = [max(n, len(s)) for n, s in zip(need, sets, strict=True)]
+    if _POSITION in frame.relation:
+        positions = _sample_sets(
+            frame.relation[_POSITION], frame.domains[_POSITION], _SET_UNION_MAX[_POSITION], rng, need
+        )
+        if positions is None:
+            return False
+        _put(specs, _POSITION, positions)
+    elif _NUMBER in frame.relation:
+        numbers = _sample_scalars(frame.relation[_NUMBER], frame.domains[_NUMBER], rng, need)
+        if numbers is None:
+            return False
+        _put(specs, _NUMBER, numbers)
+    else:
+        low = max(need)
+        frame.constants[_POSITION] = frozenset(rng.sample(range(9), rng.randint(low, min(9, low + 3))))
+    return True
+
+
+def _sample_line_values(frame: _Frame, specs: list[dict[ObjectAttribute, Value]], rng: random.Random) -> bool:
+    """The lines' colors, then their types (False when none fit)."""
+    need = [1] * 9
+    if _LINE_COLOR in frame.relation:
+        sets = _sample_value_sets(frame, _LINE_COLOR, rng)
+        if sets is None:
+            return False
+        _put(specs, _LINE_COLOR, sets)
+        need = [len(s) for s in sets]
+    else:
+        frame.constants[_LINE_COLOR] = rng.choice(frame.domains[_LINE_COLOR])
+    relation = frame.relation.get(_LINE_TYPE)
+    if relation is None:
+        low = max(need)
+        count = rng.randint(low, min(len(LINE_TYPES), low + 2))
+        frame.constants[_LINE_TYPE] = frozenset(rng.sample(frame.domains[_LINE_TYPE], count))
+        return True
+    sets = (
+        _sample_value_sets(frame, _LINE_TYPE, rng)
+        if relation == "consistent_union"
+        else _sample_sets(relation, frame.domains[_LINE_TYPE], _SET_UNION_MAX[_LINE_TYPE], rng, need)
+    )
+    if sets is None:
+        return False
+    _put(specs, _LINE_TYPE, sets)
+    return True
 
 
 def _assign(keys: Sequence[int], values: frozenset[int], rng: random.Random) -> list[int] | None:
