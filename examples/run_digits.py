@@ -56,13 +56,12 @@ from ni_hf.training.image_classification import (
     ImageClassificationTrainer,
     build_augmentation,
     check_augmentation,
-    routing_assets_writer,
     task_sizes,
+    write_image_classification_card,
 )
-from ni_hf.training.model_cards import DEFAULT_DIGITS_TEMPLATE, digits_task_info, write_digits_model_card
+from ni_hf.training.model_cards import DEFAULT_DIGITS_TEMPLATE, digits_task_info
 from ni_hf.training.paths import check_model_path
 from ni_hf.training.presets import DIGITS_PRESETS, parse_config_overrides, preset_field
-from ni_hf.training.publishing import hub_repo_id
 from ni_hf.training.run_flow import ExampleRun, argv_of
 from ni_hf.training.run_flow import parse_arguments as parse_script_arguments
 from ni_hf.training.run_setup import ExampleTrainingArguments
@@ -467,35 +466,16 @@ def write_card(
     test: Any,
 ) -> None:
     """The model card (results per dataset, the command, the hardware) and its routing picture."""
-    args = run.args
     tasks = [
         digits_task_info(name, source, data_args.data_dir, train_counts[i], eval_counts[i], eval_metrics)
         for i, name in enumerate(task_names)
     ]
-    command, launcher_note = run.command()
-    augmentation = trainer.augmentation
-    path = write_digits_model_card(
-        args.output_dir,
-        template_path=DEFAULT_DIGITS_TEMPLATE,
-        repo_id=hub_repo_id(args),
-        model=model,
-        tasks=tasks,
-        eval_metrics=eval_metrics,
-        train_metrics=train_metrics,
-        training_args=args,
-        optimizer="RAdam (torch.optim.RAdam)"
-        if args.radam
-        else str(getattr(args.optim, "value", args.optim)),
-        command=command,
-        launcher_note=launcher_note,
-        randaugment=augmentation.extra_repr() if augmentation is not None else None,
-        preset=model_args.preset,
-        max_eval_samples=data_args.max_eval_samples,
+    write_image_classification_card(
+        run, model, trainer, tasks, (train_metrics, eval_metrics), test,
+        draw=model_args.architecture == "neural_interpreter" and run.args.do_eval,
+        template_path=DEFAULT_DIGITS_TEMPLATE, preset=model_args.preset, max_eval_samples=data_args.max_eval_samples,
         extra_limitations=[SKLEARN_LIMITATION] if source == "sklearn" else [],
-    )
-    logger.info(f"Model card written to {path}")
-    if model_args.architecture == "neural_interpreter" and args.do_eval:
-        run.append_routing_picture(path, routing_assets_writer(model, test, path))
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

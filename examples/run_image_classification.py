@@ -46,12 +46,11 @@ from ni_hf.training.image_classification import (
     build_augmentation,
     check_augmentation,
     fit_label_sets,
-    routing_assets_writer,
+    write_image_classification_card,
 )
-from ni_hf.training.model_cards import image_task_info, write_digits_model_card
+from ni_hf.training.model_cards import image_task_info
 from ni_hf.training.paths import check_model_path
 from ni_hf.training.presets import IMAGE_CLASSIFICATION_PRESETS, parse_config_overrides, preset_field
-from ni_hf.training.publishing import hub_repo_id
 from ni_hf.training.run_flow import ExampleRun, argv_of
 from ni_hf.training.run_flow import parse_arguments as parse_script_arguments
 from ni_hf.training.run_setup import ExampleTrainingArguments, check_at_least
@@ -491,35 +490,14 @@ def write_card(
     validation: Any,
 ) -> None:
     """The model card (results and classes per dataset, the command, the hardware) and its routing picture."""
-    args = run.args
     hub_names = dict(zip([task.name for task in tasks], data_args.dataset_name or [], strict=False))
     infos = [image_task_info(task, eval_metrics, dataset_id=hub_names.get(task.name)) for task in tasks]
-    command, launcher_note = run.command()
-    augmentation = trainer.augmentation
-    path = write_digits_model_card(
-        args.output_dir,
-        repo_id=hub_repo_id(args),
-        model=model,
-        tasks=infos,
-        eval_metrics=eval_metrics,
-        train_metrics=train_metrics,
-        training_args=args,
-        optimizer="RAdam (torch.optim.RAdam)"
-        if args.radam
-        else str(getattr(args.optim, "value", args.optim)),
-        command=command,
-        launcher_note=launcher_note,
-        randaugment=augmentation.extra_repr() if augmentation is not None else None,
-        preset=model_args.preset,
-        max_eval_samples=data_args.max_eval_samples,
-        script=SCRIPT,
-        dataset_kind="",
-        recipe_limitations=(),
+    write_image_classification_card(
+        run, model, trainer, infos, (train_metrics, eval_metrics), validation,
+        draw=isinstance(model, NeuralInterpreterForImageClassification), preset=model_args.preset,
+        max_eval_samples=data_args.max_eval_samples, script=SCRIPT, dataset_kind="", recipe_limitations=(),
         eval_split_name="Validation",
-    )
-    logger.info(f"Model card written to {path}")
-    if isinstance(model, NeuralInterpreterForImageClassification):
-        run.append_routing_picture(path, routing_assets_writer(model, validation, path))
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -41,15 +41,7 @@ def load_script():
 run_digits = load_script()
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and a shared machine makes two threads very slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+one_thread = _scripts.one_thread
 
 
 @contextmanager
@@ -584,7 +576,9 @@ def test_optim_with_radam_is_refused(no_data_loading, tmp_path):
 
 @pytest.mark.parametrize("source", ["sklearn", "hub"])
 def test_data_dir_with_another_source_is_refused(no_data_loading, tmp_path, source):
-    with _scripts.refused(f"--data_dir only applies to --dataset_source local.*got --dataset_source {source}"):
+    with _scripts.refused(
+        f"--data_dir only applies to --dataset_source local.*got --dataset_source {source}"
+    ):
         run_digits.main(quick_args(tmp_path, "--dataset_source", source, "--data_dir", "/nonexistent"))
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "fit_label_sets",
     "routing_assets_writer",
     "task_sizes",
+    "write_image_classification_card",
 ]
 
 logger = logging.getLogger(__name__)
@@ -162,3 +163,43 @@ def routing_assets_writer(
         )
 
     return write
+
+
+def write_image_classification_card(
+    run: Any,
+    model: torch.nn.Module,
+    trainer: ImageClassificationTrainer,
+    tasks: Sequence[Any],
+    metrics: tuple[Mapping[str, Any], Mapping[str, Any]],
+    test: Any,
+    draw: bool,
+    **card: Any,
+) -> Path:
+    """The run's model card (``model_cards.write_digits_model_card``: ``tasks``' results, the command, the optimizer,
+    the augmentation, the hardware; ``card`` adds its other arguments) and, when ``draw``, its routing picture of
+    ``test`` images. ``metrics``: the training and the evaluation metrics. Returns the card's path."""
+    from .model_cards import write_digits_model_card
+    from .publishing import hub_repo_id
+
+    args = run.args
+    command, launcher_note = run.command()
+    augmentation = trainer.augmentation
+    optim = "RAdam (torch.optim.RAdam)" if args.radam else str(getattr(args.optim, "value", args.optim))
+    path = write_digits_model_card(
+        args.output_dir,
+        repo_id=hub_repo_id(args),
+        model=model,
+        tasks=list(tasks),
+        train_metrics=metrics[0],
+        eval_metrics=metrics[1],
+        training_args=args,
+        optimizer=optim,
+        command=command,
+        launcher_note=launcher_note,
+        randaugment=augmentation.extra_repr() if augmentation is not None else None,
+        **card,
+    )
+    logger.info(f"Model card written to {path}")
+    if draw:
+        run.append_routing_picture(path, routing_assets_writer(model, test, path))
+    return path
