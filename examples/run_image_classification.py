@@ -192,6 +192,9 @@ class ImageClassificationTrainingArguments(ExampleTrainingArguments):
         default="epoch", metadata={"help": "When to save a checkpoint."}
     )
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
+    dataloader_num_workers: int | None = field(
+        default=None, metadata={"help": "DataLoader workers (default: a few on a GPU, none on the CPU)."}
+    )
     label_names: list[str] | None = field(
         default_factory=lambda: ["labels", "task_ids"],
         metadata={"help": "What the metrics receive as labels."},

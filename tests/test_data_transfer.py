@@ -17,6 +17,7 @@ from ni_hf.training.data_transfer import batch_transfer_note, default_non_blocki
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = {
     "run_digits": "DigitsTrainingArguments",
+    "run_image_classification": "ImageClassificationTrainingArguments",
     "run_fuzzy_boolean": "FuzzyBooleanTrainingArguments",
     "run_digits_adaptation": "AdaptationTrainingArguments",
 }
@@ -117,7 +118,7 @@ def test_default_workers_feed_a_gpu_from_the_processes_share_of_cores(
     assert workers == expected
 
 
-@pytest.mark.parametrize("script", ["run_digits", "run_digits_adaptation"])
+@pytest.mark.parametrize("script", ["run_digits", "run_image_classification", "run_digits_adaptation"])
 def test_the_image_scripts_default_to_workers_on_a_gpu_and_none_on_the_cpu(script, monkeypatch, tmp_path):
     module = load_script(EXAMPLES / f"{script}.py", script)
     cls = getattr(module, SCRIPTS[script])

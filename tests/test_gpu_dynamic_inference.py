@@ -126,7 +126,7 @@ def test_the_gpu_plan_passes_options_both_scripts_accept(tmp_path: Path) -> None
         model_args, data_args, args = run_digits.parse_arguments([*argv[3:], "--use_cpu", "true"])
         run_digits.check_arguments(model_args, data_args, args)
         assert model_args.architecture == ("vit" if name == "vit" else "neural_interpreter")
-        assert model_args.config_overrides is None and model_args.config_name == "digits"
+        assert model_args.config_overrides is None and model_args.paper_config == "digits"
         assert (args.bf16, args.torch_compile, args.torch_compile_mode) == (True, True, "reduce-overhead")
         assert args.num_train_epochs == epochs and args.max_train_minutes == pytest.approx(140 / 60, abs=0.01)
         assert data_args.randaugment and args.per_device_train_batch_size == 128
