@@ -372,10 +372,10 @@ PGM_PRESETS: dict[str, Preset] = {
     ),
     "cpu": Preset(
         help="a 125k-parameter model (2 scripts x 2 function iterations, as many as the ViT's 4 layers; d 64) on "
-        "12,000 generated one-relation puzzles of 32x32 panels, 8 epochs (3,000 steps of 32)",
+        "12,000 generated puzzles of 1 to 4 triples (as DeepMind's) of 32x32 panels, 8 epochs (3,000 steps of 32)",
         arguments={
             "dataset_source": "generated",
-            "max_triples": 1,
+            "max_triples": 4,
             "num_train_puzzles": 12_000,
             "num_eval_puzzles": 1_000,
             "num_train_epochs": 8,
