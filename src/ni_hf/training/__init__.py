@@ -1,1 +1,2 @@
-"""What the example scripts share: metrics, model cards, publishing, checkpoint paths, data loading defaults."""
+"""What the example scripts share: the run flow, presets, checkpoints, metrics, model cards, publishing, data loading
+defaults, and the image-classification pieces of two scripts."""
