@@ -62,7 +62,7 @@ PAPER_REGIME_NAMES = {
     "attr.rel.pairs": "H.O. triple pairs",
     "attr.rels": "H.O. triples",
 }
-SETTING_KEYS = ("preset", "dataset_source", "max_triples")  # what the runs of one group must share
+SETTING_KEYS = ("preset", "dataset_source", "max_triples", "free_attributes")  # what the runs of one group must share
 
 
 @dataclass
@@ -351,6 +351,8 @@ def _runs_lines(summary: dict[str, Any]) -> list[str]:
     for group in summary["groups"]:
         sizes = group["sizes"] or {}
         triples = f", at most {group['max_triples']} triple(s) a puzzle" if group["max_triples"] else ""
+        if group.get("free_attributes"):
+            triples += f", attributes in no triple {group['free_attributes']}"
         lines.append(
             f"- {ARCHITECTURES[group['architecture']]}, {group['regime']}: {group['runs']} run(s), preset "
             f"{group['preset']}, {group['dataset_source']} puzzles{triples}, "

@@ -247,6 +247,10 @@ def test_runs_of_one_group_must_share_their_setting_and_a_file_counts_once(
         plot.group_runs([plot.load_results(paper), plot.load_results(quick)])
     with pytest.raises(ValueError, match="given twice"):
         plot.group_runs([plot.load_results(paper), plot.load_results(tmp_path / "a")])
+    random = write_run(tmp_path / "c", "vit", "neutral", 0.5, 0.5, free_attributes="random")
+    constant = write_run(tmp_path / "d", "vit", "neutral", 0.5, 0.5, free_attributes="constant")
+    with pytest.raises(ValueError, match=r"differ in free_attributes: .*c/pgm_results.json \(random\)"):
+        plot.group_runs([plot.load_results(random), plot.load_results(constant)])
 
 
 def test_val_and_test_results_alike_are_flagged(
