@@ -62,7 +62,8 @@ PAPER_REGIME_NAMES = {
     "attr.rel.pairs": "H.O. triple pairs",
     "attr.rels": "H.O. triples",
 }
-SETTING_KEYS = ("preset", "dataset_source", "max_triples", "free_attributes")  # what the runs of one group must share
+# What the runs of one group must share.
+SETTING_KEYS = ("preset", "dataset_source", "max_triples", "free_attributes")
 
 
 @dataclass
