@@ -28,10 +28,6 @@ from transformers import PretrainedConfig
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
 from ni_hf import (
-    MultiTaskViTConfig,
-    MultiTaskViTForImageClassification,
-    NeuralInterpreterConfig,
-    NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
 from ni_hf.data.digits import (
@@ -52,10 +48,14 @@ from ni_hf.training.checkpoints import check_weights_readable, read_checkpoint_c
 from ni_hf.training.data_transfer import compile_for_static_batches
 from ni_hf.training.evaluation import load_multitask_accuracy, make_compute_metrics
 from ni_hf.training.image_classification import (
+    DATA_DEFINED_CONFIG_KEYS,
+    IMAGE_CLASSIFIERS,
     AugmentationArguments,
     ImageClassificationTrainer,
     build_augmentation,
     check_augmentation,
+    check_model_settings,
+    saved_architecture,
     task_sizes,
     write_image_classification_card,
 )
@@ -68,13 +68,6 @@ from ni_hf.training.run_setup import ExampleTrainingArguments
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURES = {
-    "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForImageClassification),
-    "vit": (MultiTaskViTConfig, MultiTaskViTForImageClassification),
-}
-DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "id2label", "label2id")
-# Settings of the PGM panel CNN, which an image classifier never reads.
-UNREAD_CONFIG_KEYS = ("panel_size", "panel_cnn_layers", "panel_cnn_channels", "panel_cnn_kernel_size")
 SKLEARN_LIMITATION = (
     "scikit-learn's digits are 8x8 images upsampled to 32x32: a check of the pipeline, not a benchmark."
 )
@@ -104,7 +97,7 @@ class ModelArguments:
         default="neural_interpreter",
         metadata={
             "help": "'neural_interpreter' or 'vit' (the paper's multi-task ViT baseline of Figure 4a).",
-            "choices": list(ARCHITECTURES),
+            "choices": list(IMAGE_CLASSIFIERS),
         },
     )
     paper_config: str = field(
@@ -229,20 +222,7 @@ def check_arguments(
             raise ValueError(f"--{name} {value}: must be at least 1 (leave it out to use every sample).")
     resolve_dataset_source(data_args.dataset_source, data_args.data_dir)
     check_augmentation(data_args, given, args.do_train)
-    config_class = ARCHITECTURES[model_args.architecture][0]
-    overrides = parse_config_overrides(model_args.config_overrides, config_class)
-    unread = [key for key in UNREAD_CONFIG_KEYS if key in overrides]
-    if unread:
-        raise ValueError(
-            f"--config_overrides {', '.join(unread)}: an image classifier has no panel CNN to read it."
-        )
-    if model_args.architecture == "vit" and model_args.attn_implementation == "fast":
-        if "attn_implementation" in given:
-            raise ValueError(
-                "--attn_implementation fast is the Neural Interpreter's CPU kernels; the ViT runs transformers' "
-                "attention ('eager' or 'sdpa')."
-            )
-        model_args.attn_implementation = None  # the preset's choice for a Neural Interpreter
+    check_model_settings(model_args, given)
     path = model_args.model_name_or_path
     if path is None:
         if not args.do_train:
@@ -287,7 +267,7 @@ def check_evaluation_only(
 
 def build_config(model_args: ModelArguments, task_names: list[str]) -> PretrainedConfig:
     """The paper preset, changed by --config_overrides; task names and labels from the data."""
-    config_class = ARCHITECTURES[model_args.architecture][0]
+    config_class = IMAGE_CLASSIFIERS[model_args.architecture][0]
     overrides = parse_config_overrides(
         model_args.config_overrides, config_class, reserved=DATA_DEFINED_CONFIG_KEYS
     )
@@ -309,16 +289,8 @@ def build_config(model_args: ModelArguments, task_names: list[str]) -> Pretraine
 def load_saved_config(model_args: ModelArguments) -> PretrainedConfig:
     """The config of --model_name_or_path; a model this script cannot have written is refused by its model_type."""
     path = model_args.model_name_or_path
-    config_dict = read_checkpoint_config(path)
-    by_type = {config_class.model_type: name for name, (config_class, _) in ARCHITECTURES.items()}
-    model_type = config_dict.get("model_type")
-    if model_type not in by_type:
-        raise ValueError(
-            f"--model_name_or_path {path}: its config.json has model_type {model_type!r}; this script evaluates "
-            f"{' or '.join(repr(t) for t in by_type)} models."
-        )
-    model_args.architecture = by_type[model_type]
-    return ARCHITECTURES[model_args.architecture][0].from_pretrained(path)
+    model_args.architecture = saved_architecture(path, does="evaluates")
+    return IMAGE_CLASSIFIERS[model_args.architecture][0].from_pretrained(path)
 
 
 def resolve_tasks(data_args: DataArguments, default: list[str] | None = None) -> tuple[str, list[str]]:
@@ -408,7 +380,7 @@ def train_and_evaluate(
     config, source, task_names = config_and_tasks(model_args, data_args)
     # The model before the data: a wrong override or weights that do not fit should not wait.
     model = run.model(
-        ARCHITECTURES[model_args.architecture][1],
+        IMAGE_CLASSIFIERS[model_args.architecture][1],
         config=config,
         path=model_args.model_name_or_path,
         allow_mismatched_weights=model_args.allow_mismatched_weights,

@@ -28,9 +28,6 @@ from transformers import PretrainedConfig
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
 from ni_hf import (
-    MultiTaskViTConfig,
-    MultiTaskViTForImageClassification,
-    NeuralInterpreterConfig,
     NeuralInterpreterForImageClassification,
     NeuralInterpreterImageProcessor,
 )
@@ -41,11 +38,15 @@ from ni_hf.training.checkpoints import check_weights_readable, read_checkpoint_c
 from ni_hf.training.data_transfer import compile_for_static_batches
 from ni_hf.training.evaluation import load_multitask_accuracy, make_compute_metrics
 from ni_hf.training.image_classification import (
+    DATA_DEFINED_CONFIG_KEYS,
+    IMAGE_CLASSIFIERS,
     AugmentationArguments,
     ImageClassificationTrainer,
     build_augmentation,
     check_augmentation,
+    check_model_settings,
     fit_label_sets,
+    saved_architecture,
     write_image_classification_card,
 )
 from ni_hf.training.model_cards import image_task_info
@@ -57,13 +58,7 @@ from ni_hf.training.run_setup import ExampleTrainingArguments, check_at_least
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURES = {
-    "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForImageClassification),
-    "vit": (MultiTaskViTConfig, MultiTaskViTForImageClassification),
-}
-DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "id2label", "label2id")
 GEOMETRY = ("image_size", "patch_size", "num_channels")  # flags of their own, not --config_overrides
-UNREAD_CONFIG_KEYS = ("panel_size", "panel_cnn_layers", "panel_cnn_channels", "panel_cnn_kernel_size")
 PRESETS = IMAGE_CLASSIFICATION_PRESETS
 SCRIPT = "examples/run_image_classification.py"
 
@@ -84,7 +79,7 @@ class ModelArguments:
         default="neural_interpreter",
         metadata={
             "help": "'neural_interpreter' or 'vit' (the multi-task ViT baseline).",
-            "choices": list(ARCHITECTURES),
+            "choices": list(IMAGE_CLASSIFIERS),
         },
     )
     paper_config: str = field(
@@ -233,21 +228,7 @@ def check_arguments(
     if not 0 <= data_args.train_val_split < 1:
         raise ValueError(f"--train_val_split {data_args.train_val_split}: must lie in [0, 1).")
     check_augmentation(data_args, given, args.do_train)
-    overrides = parse_config_overrides(model_args.config_overrides, ARCHITECTURES[model_args.architecture][0])
-    moved = [key for key in GEOMETRY if key in overrides]
-    if moved:
-        raise ValueError(f"--config_overrides {', '.join(moved)}: pass --{' --'.join(moved)} instead.")
-    unread = [key for key in UNREAD_CONFIG_KEYS if key in overrides]
-    if unread:
-        raise ValueError(
-            f"--config_overrides {', '.join(unread)}: an image classifier has no panel CNN to read it."
-        )
-    if model_args.architecture == "vit" and model_args.attn_implementation == "fast":
-        if "attn_implementation" in given:
-            raise ValueError(
-                "--attn_implementation fast is the Neural Interpreter's; the ViT runs 'eager' or 'sdpa'."
-            )
-        model_args.attn_implementation = None  # the preset's choice for a Neural Interpreter
+    check_model_settings(model_args, given, own_flags=GEOMETRY)
     if model_args.model_name_or_path is None:
         if not args.do_train:
             raise ValueError("--do_train false evaluates a saved model and needs --model_name_or_path.")
@@ -328,7 +309,7 @@ def label_sets(tasks: list[ImageTask]) -> tuple[int, list[str]]:
 
 def build_config(model_args: ModelArguments, tasks: list[ImageTask]) -> PretrainedConfig:
     """The paper's settings, changed by --config_overrides and the image flags; tasks and labels from the data."""
-    config_class = ARCHITECTURES[model_args.architecture][0]
+    config_class = IMAGE_CLASSIFIERS[model_args.architecture][0]
     overrides = parse_config_overrides(
         model_args.config_overrides, config_class, reserved=DATA_DEFINED_CONFIG_KEYS
     )
@@ -349,18 +330,6 @@ def build_config(model_args: ModelArguments, tasks: list[ImageTask]) -> Pretrain
         f"{overrides or 'none'}; {num_labels} outputs per head"
     )
     return config
-
-
-def saved_architecture(path: str) -> str:
-    """The architecture of a saved model, from its config's model_type (another model's is refused)."""
-    by_type = {config_class.model_type: name for name, (config_class, _) in ARCHITECTURES.items()}
-    model_type = read_checkpoint_config(path).get("model_type")
-    if model_type not in by_type:
-        raise ValueError(
-            f"--model_name_or_path {path}: its config.json has model_type {model_type!r}; this script trains "
-            f"{' or '.join(repr(t) for t in by_type)} models."
-        )
-    return by_type[model_type]
 
 
 def load_data(
@@ -387,7 +356,7 @@ def prepare_model(run: ExampleRun, model_args: ModelArguments, tasks: list[Image
     path = model_args.model_name_or_path
     if path is not None:
         model_args.architecture = saved_architecture(path)
-    model_class = ARCHITECTURES[model_args.architecture][1]
+    model_class = IMAGE_CLASSIFIERS[model_args.architecture][1]
     model = run.model(
         model_class,
         config=None if path else build_config(model_args, tasks),

@@ -1,6 +1,6 @@
 """What the image-classification scripts share (examples/run_image_classification.py, examples/run_digits.py): the
-augmentation arguments and RandAugment on the training device, the Trainer, the label sets a model is fitted to
-before fine-tuning, and the model card's routing picture."""
+models they train and the checks of their settings, the augmentation arguments and RandAugment on the training
+device, the Trainer, the label sets a model is fitted to before fine-tuning, and the model card's routing picture."""
 
 from __future__ import annotations
 
@@ -15,21 +15,78 @@ import torch
 from transformers import Trainer
 
 from ..data.augmentation import OPERATION_NAMES, BatchRandAugment, select_operations
-from .checkpoints import ExactResumeMixin
+from ..models.multitask_vit import MultiTaskViTConfig, MultiTaskViTForImageClassification
+from ..models.neural_interpreter import NeuralInterpreterConfig, NeuralInterpreterForImageClassification
+from .checkpoints import ExactResumeMixin, read_checkpoint_config
 from .evaluation import CopiedPredictionsMixin
+from .presets import parse_config_overrides
 
 __all__ = [
+    "DATA_DEFINED_CONFIG_KEYS",
+    "IMAGE_CLASSIFIERS",
     "AugmentationArguments",
     "ImageClassificationTrainer",
     "build_augmentation",
     "check_augmentation",
+    "check_model_settings",
     "fit_label_sets",
     "routing_assets_writer",
+    "saved_architecture",
     "task_sizes",
     "write_image_classification_card",
 ]
 
 logger = logging.getLogger(__name__)
+
+# --architecture: its config and model classes.
+IMAGE_CLASSIFIERS: dict[str, tuple[type, type]] = {
+    "neural_interpreter": (NeuralInterpreterConfig, NeuralInterpreterForImageClassification),
+    "vit": (MultiTaskViTConfig, MultiTaskViTForImageClassification),
+}
+DATA_DEFINED_CONFIG_KEYS = ("task_names", "num_labels", "id2label", "label2id")
+# Settings of the PGM panel CNN, which an image classifier never reads.
+UNREAD_CONFIG_KEYS = ("panel_size", "panel_cnn_layers", "panel_cnn_channels", "panel_cnn_kernel_size")
+
+
+def check_model_settings(
+    model_args: Any, given: frozenset[str], own_flags: Sequence[str] = ()
+) -> dict[str, Any]:
+    """--config_overrides and --attn_implementation checked against --architecture; returns the overrides.
+
+    ``own_flags``: config keys the script sets by flags of their own, refused in --config_overrides.
+    """
+    overrides = parse_config_overrides(
+        model_args.config_overrides, IMAGE_CLASSIFIERS[model_args.architecture][0]
+    )
+    moved = [key for key in own_flags if key in overrides]
+    if moved:
+        raise ValueError(f"--config_overrides {', '.join(moved)}: pass --{' --'.join(moved)} instead.")
+    unread = [key for key in UNREAD_CONFIG_KEYS if key in overrides]
+    if unread:
+        raise ValueError(
+            f"--config_overrides {', '.join(unread)}: an image classifier has no panel CNN to read it."
+        )
+    if model_args.architecture == "vit" and model_args.attn_implementation == "fast":
+        if "attn_implementation" in given:
+            raise ValueError(
+                "--attn_implementation fast is the Neural Interpreter's CPU kernels; the ViT runs transformers' "
+                "attention ('eager' or 'sdpa')."
+            )
+        model_args.attn_implementation = None  # the preset's choice for a Neural Interpreter
+    return overrides
+
+
+def saved_architecture(path: str, does: str = "trains") -> str:
+    """The --architecture of a saved model, from its config's model_type (another model's is refused)."""
+    by_type = {config_class.model_type: name for name, (config_class, _) in IMAGE_CLASSIFIERS.items()}
+    model_type = read_checkpoint_config(path).get("model_type")
+    if model_type not in by_type:
+        raise ValueError(
+            f"--model_name_or_path {path}: its config.json has model_type {model_type!r}; this script {does} "
+            f"{' or '.join(repr(t) for t in by_type)} models."
+        )
+    return by_type[model_type]
+
 
 RANDAUGMENT_OPTIONS = (
     "randaugment_num_ops",
