@@ -225,7 +225,8 @@ else
 fi
 
 {
-    commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (no .git)")
+    # The device machine's copy of .git can be older than the working tree it runs: the caller names the commit.
+    commit=${NI_HF_COMMIT:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown) (the machine's .git; NI_HF_COMMIT not given)"}
     echo "# Study (a) on one GPU: $(date -u +%Y-%m-%d), commit $commit"
     echo
     sed 's/^/    /' "$out/call.log"

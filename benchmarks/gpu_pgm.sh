@@ -29,15 +29,12 @@
 # TAIL_S (100) of it goes to start-up (imports, CUDA, the model: about 30 s), the evaluations (the Neural
 # Interpreter's 18 passes over the val and test puzzles, 18,000 puzzles at about 600/s: 30 s), saving and the
 # model card; --max_train_minutes stops training after the rest. Epochs: EPOCHS, by default as many as fit in
-# that time at PUZZLES_PER_S (400) training puzzles per second for each of the two runs, at least 1.
-# PUZZLES_PER_S is an estimate, not a measurement on the GPU: DataLoader workers generate every puzzle anew and
-# run the panel processor (on one AMD EPYC core, 2026-12-03: 452 puzzles/s of 80x80 panels with up to 4 triples
-# generated, benchmarks/pgm_generator_speed.py, and 567/s through the processor, about 250/s for both), so
-# WORKERS (7) per run on the 16 cores give about 1,700/s; the Neural Interpreter's training step is about 8,000
-# small eager operations (2,600 forward, 4,700 backward, 700 RAdam), launch-bound at roughly 100 ms for 72
-# puzzles, about 700/s (the ViT's, 1,300 operations, is faster), and two runs share the GPU. The cosine schedule is planned for those epochs; if a slower run hits the guard,
-# training stops before the schedule's end, the log and summary.md say at which epoch (train_samples_per_second
-# in summary.md is the measured speed) and the next call should set EPOCHS or PUZZLES_PER_S from it. COMPILE=1
+# that time at PUZZLES_PER_S (330) training puzzles per second for each of the two runs, at least 1.
+# PUZZLES_PER_S is the slower run's measured speed: on one H200 (2026-12-04, bf16, the two runs side by side, 7
+# DataLoader workers each generating the puzzles), the Neural Interpreter trained at 329.9 puzzles/s and the ViT at
+# 818.6 (docs/pgm/gpu). The cosine schedule is planned for those epochs; if a slower run hits the guard, training
+# stops before the schedule's end, the log and summary.md say at which epoch (train_samples_per_second in
+# summary.md is the measured speed) and the next call should set EPOCHS or PUZZLES_PER_S from it. COMPILE=1
 # adds --torch_compile true (it would cut the launches, but compiling 16 unrolled function iterations costs
 # minutes of the call).
 #
@@ -66,7 +63,7 @@ if [ "$dry" = 1 ]; then # seconds and speeds of a 2-core CPU, tiny models
     preset=quick
     device_args=(--use_cpu true)
 else
-    : "${BUDGET_S:=540}" "${PLOTS_S:=30}" "${TAIL_S:=100}" "${PUZZLES_PER_S:=400}" "${MIN_TRAIN_S:=60}"
+    : "${BUDGET_S:=540}" "${PLOTS_S:=30}" "${TAIL_S:=100}" "${PUZZLES_PER_S:=330}" "${MIN_TRAIN_S:=60}"
     : "${NUM_TRAIN_PUZZLES:=20000}" "${NUM_EVAL_PUZZLES:=1000}" "${WORKERS:=7}"
     preset=paper
     device_args=(--bf16 true --logging_steps 50)
@@ -161,7 +158,8 @@ else
 fi
 
 {
-    commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (no .git)")
+    # The device machine's copy of .git can be older than the working tree it runs: the caller names the commit.
+    commit=${NI_HF_COMMIT:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown) (the machine's .git; NI_HF_COMMIT not given)"}
     echo "# PGM on one GPU: $(date -u +%Y-%m-%d), commit $commit"
     echo
     sed 's/^/    /' "$out/call.log"

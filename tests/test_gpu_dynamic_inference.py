@@ -170,7 +170,7 @@ def test_a_pretraining_that_fails_with_cuda_graphs_is_retried_without_them(tmp_p
     fake.write_text(FAKE_PYTHON.replace("PYTHON", sys.executable, 1))
     fake.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "GPU_DATA": str(data), "PYTHON": str(fake)}
+    env = {**os.environ, "GPU_DATA": str(data), "PYTHON": str(fake), "NI_HF_COMMIT": "0123abc"}
     proc = subprocess.run(
         ["bash", str(SCRIPT), str(out)], env=env, capture_output=True, text=True, timeout=120
     )
@@ -182,6 +182,9 @@ def test_a_pretraining_that_fails_with_cuda_graphs_is_retried_without_them(tmp_p
     assert "seeds 0 1 2, 10 epochs" in proc.stdout
     summary = (out / "summary.md").read_text()
     assert "- Test accuracy overall: 50.00%" in summary and "- plots/fast_adaptation.png" in summary
+    assert summary.splitlines()[0].endswith(", commit 0123abc"), summary[
+        :200
+    ]  # the caller's, not the copy's .git
 
 
 def test_an_unreadable_data_folder_stops_the_call_at_once(tmp_path: Path) -> None:
