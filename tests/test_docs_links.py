@@ -23,12 +23,7 @@ DOCS = sorted(
 )
 # Files that are known to point at files the repository does not hold, and why; each is a strict xfail, so the mark
 # has to go once the file is mended.
-KNOWN_BROKEN = {
-    "docs/pgm/pgm_tables.md": (
-        "examples/plot_pgm.py wrote it from the Intel Xeon runs' pgm_results.json files, which are not in the "
-        "repository (docs/pgm/runs/ holds extrapolation's seed 7 only); regenerate it from files that are"
-    ),
-}
+KNOWN_BROKEN: dict[str, str] = {}
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
