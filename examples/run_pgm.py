@@ -11,7 +11,7 @@ the set (CLS token, context panels, candidate) and a softmax over the 8 scores i
 ``deepmind`` (DeepMind's release under ``--data_dir``: a folder of ``PGM_<regime>_<split>_<id>.npz`` or the regime's
 ``.tar.gz``) or ``hub`` (``HuggingFaceM4/PGM``, the neutral regime). Presets (``--preset``): ``paper`` (the paper's
 per-regime model and recipe: batch 72, 30 epochs, RAdam 4e-4 with cosine decay to 1e-4), ``cpu`` (a small model on
-generated one-relation puzzles that fits 2 CPU cores) and ``quick`` (a smoke test). Reports in-distribution (val) and
+generated puzzles of 1 to 4 triples that fits 2 CPU cores) and ``quick`` (a smoke test). Reports in-distribution (val) and
 out-of-distribution (test) accuracy, accuracy per relation type, and for a Neural Interpreter the anytime curve
 (accuracy against function iterations); writes ``pgm_results.json`` and a model card; ``--push_to_hub`` uploads.
 """
