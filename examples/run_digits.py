@@ -27,9 +27,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
-from ni_hf import (
-    NeuralInterpreterImageProcessor,
-)
+from ni_hf import NeuralInterpreterImageProcessor
 from ni_hf.data.digits import (
     DIGIT_CLASS_NAMES,
     HUB_DATASETS,
